@@ -1,0 +1,282 @@
+"""Benchmark: exact symbolic comparison on realistic size polynomials, checked by brute force.
+
+Draws seeded random pairs of byte-size polynomials over b, s and h (or k with
+s == 128*k), compares them with `compare_polys` (cache cleared: every timing is
+a fresh decision), and checks every answer against exhaustive exact evaluation
+over the whole box (1 <= b <= 64, 1 <= s <= 4096, 1 <= h <= 64, ...):
+
+* GE / LE / EQ must hold at every point (and EQ must not hide behind GE/LE);
+* DEPENDS witnesses must satisfy the constraints and have the claimed signs;
+* sign pieces must match the sign at every value of their dimension.
+
+The brute force evaluates the original expressions with numpy int64 when a
+magnitude bound shows no overflow (< 2^62), else with Python ints (object
+arrays), one slice of the grid at a time. As a baseline it also asks JAX's own
+`>=` on the same pair (DESIGN.md F9).
+
+  python experiments/bench_compare.py [--pairs 1000] [--seed 0]
+
+Prints a summary and writes experiments/results/bench_compare.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import math
+import pathlib
+import random
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from jax import export  # noqa: E402
+
+from jax_symmem._src import compare as compare_lib  # noqa: E402
+from jax_symmem._src import poly as poly_lib  # noqa: E402
+from jax_symmem._src.constraints import parse_constraints  # noqa: E402
+from jax_symmem._src.poly import OpAtom, Poly, Var  # noqa: E402
+
+BYTE_COEFFS = [1, 2, 4, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 8192, 11008, 22016, 44032, 12, 24]
+
+# name, dims used in the expressions, constraints, brute-force ranges of the free dims
+SETTINGS = [
+    ("b,s,h", "bsh", ("b <= 64", "s <= 4096", "h <= 64"), {"b": 64, "s": 4096, "h": 64}),
+    ("b,s", "bs", ("b <= 64", "s <= 4096"), {"b": 64, "s": 4096}),
+    ("b,s,k: s == 128*k", "bsk", ("s == 128*k", "b <= 64", "s <= 4096"), {"b": 64, "k": 32}),
+    ("b,s small", "bs", ("b <= 16", "s <= 2048"), {"b": 16, "s": 2048}),
+]
+ATOM_SHARE = 0.1   # pairs with a floordiv/max term (pooling, padding)
+
+
+# --------------------------------------------------------------------------
+# Pairs
+# --------------------------------------------------------------------------
+def _monomial(rng, dims):
+  t = Poly.const(rng.choice(BYTE_COEFFS))
+  for _ in range(rng.randint(1, 3)):
+    t = t * Poly.var(rng.choice(dims))
+  return t
+
+
+def _side(rng, dims, atoms):
+  p = poly_lib.ZERO
+  for _ in range(rng.randint(1, 3)):
+    p = p + _monomial(rng, dims)
+  if atoms and rng.random() < 0.5:
+    p = p + rng.choice(BYTE_COEFFS) * Poly.var(rng.choice(dims)) * rng.choice(atoms)
+  if rng.random() < 0.15:
+    p = p + rng.choice([4096, 11008 * 4096, 65536])
+  return p
+
+
+def make_pairs(n: int, seed: int):
+  rng = random.Random(seed)
+  s_ = Poly.var("s")
+  atoms = [s_.floordiv(2), s_.floordiv(4), s_.max(Poly.const(128)), (Poly.var("b") * s_).floordiv(2)]
+  cons = {name: parse_constraints(c, variables=sorted(set(dims) | {"s"}))
+          for name, dims, c, _ in SETTINGS}
+  pairs = []
+  for i in range(n):
+    name, dims, _, ranges = SETTINGS[i % len(SETTINGS)]
+    dims = list(dims)
+    extra = atoms if rng.random() < ATOM_SHARE else []
+    lhs, rhs = _side(rng, dims, extra), _side(rng, dims, extra)
+    pairs.append((name, lhs, rhs, cons[name], ranges))
+  return pairs
+
+
+# --------------------------------------------------------------------------
+# Brute force
+# --------------------------------------------------------------------------
+def _magnitude(p: Poly, maxabs) -> int:
+  """An upper bound on |p| and on every partial product while evaluating it."""
+  total = 0
+  for mono, c in p.terms:
+    v = abs(c)
+    for a, e in mono:
+      v *= _atom_magnitude(a, maxabs) ** e
+    total += v
+  return total
+
+
+def _atom_magnitude(a, maxabs) -> int:
+  if isinstance(a, Var):
+    return maxabs[a.name]
+  x, y = (_magnitude(o, maxabs) for o in a.operands)
+  return max(x, y) if a.op in (poly_lib.MAX, poly_lib.MIN) else x + y
+
+
+def _np_eval(p: Poly, env):
+  total = 0
+  for mono, c in p.terms:
+    v = c
+    for a, e in mono:
+      v = v * _np_atom(a, env) ** e
+    total = total + v
+  return total
+
+
+def _np_atom(a, env):
+  if isinstance(a, Var):
+    return env[a.name]
+  x, y = (_np_eval(o, env) for o in a.operands)
+  return {poly_lib.FLOORDIV: np.floor_divide, poly_lib.MOD: np.mod,
+          poly_lib.MAX: np.maximum, poly_lib.MIN: np.minimum}[a.op](x, y)
+
+
+def brute_force_signs(lhs: Poly, rhs: Poly, cons, ranges, dim: str | None):
+  """(set of signs over the box, {value of dim: set of signs}) by exact evaluation."""
+  names = sorted(ranges)
+  maxabs = {v: ranges[v] for v in names}
+  for v, q in cons.substitutions:
+    maxabs[v] = _magnitude(q, maxabs)
+  d = lhs - rhs
+  dtype = np.int64 if _magnitude(d, maxabs) < 2 ** 62 else object
+  first, rest = names[0], names[1:]
+  grids = np.meshgrid(*(np.arange(1, ranges[v] + 1, dtype=np.int64).astype(dtype) for v in rest),
+                      indexing="ij")
+  signs, by_dim = set(), collections.defaultdict(set)
+  for x0 in range(1, ranges[first] + 1):
+    env = dict(zip(rest, grids))
+    env[first] = np.full_like(grids[0], x0)
+    for v, q in cons.substitutions:
+      env[v] = _np_eval(q, env)
+    sg = np.sign(_np_eval(d, env)).astype(np.int8)
+    signs |= set(np.unique(sg).tolist())
+    if dim == first:
+      by_dim[x0] |= set(np.unique(sg).tolist())
+    elif dim is not None:
+      axis = rest.index(dim)
+      other = tuple(i for i in range(sg.ndim) if i != axis)
+      lo, hi = (sg.min(axis=other), sg.max(axis=other)) if other else (sg, sg)
+      for value, (a, b) in enumerate(zip(lo.tolist(), hi.tolist()), start=1):
+        by_dim[value] |= {a, b}
+  return signs, by_dim
+
+
+def check(o, lhs, rhs, cons, ranges) -> str | None:
+  """None if the answer agrees with brute force, else what is wrong."""
+  if o.method == "inconsistent":
+    return "internal inconsistency"
+  signs, by_dim = brute_force_signs(lhs, rhs, cons, ranges, o.dim if o.pieces else None)
+  if o.kind == "GE" and (-1 in signs or signs == {0}):
+    return f"GE but signs {signs}"
+  if o.kind == "LE" and (1 in signs or signs == {0}):
+    return f"LE but signs {signs}"
+  if o.kind == "EQ" and signs != {0}:
+    return f"EQ but signs {signs}"
+  if o.kind == "DEPENDS":
+    if not {1, -1} <= signs:
+      return f"DEPENDS but signs {signs}"
+    for w, want in ((o.witness_gt, 1), (o.witness_lt, -1)):
+      if w is None or cons.violation(w) is not None or any(v < 1 for v in w.values()):
+        return f"bad witness {w}"
+      if any(w.get(v) is None or not 1 <= w[v] <= r for v, r in ranges.items()):
+        return f"witness {w} outside the box"
+      val = lhs.evaluate(w) - rhs.evaluate(w)
+      if (val > 0) - (val < 0) != want:
+        return f"witness {w} has value {val}"
+  if o.pieces:
+    for value, sg in by_dim.items():
+      if sg != {o.sign_at(value)}:
+        return f"at {o.dim} = {value}: pieces say {o.sign_at(value)}, brute force {sg}"
+  return None
+
+
+def jax_baseline(lhs: Poly, rhs: Poly, constraints) -> str:
+  """What JAX's own `lhs >= rhs` says: 'True', 'False', 'inconclusive' or 'error'."""
+  try:
+    l, r = export.symbolic_shape(f"{lhs}, {rhs}", constraints=constraints)
+    return str(bool(l >= r))
+  except Exception as e:  # noqa: BLE001 - JAX raises several kinds here
+    return "inconclusive" if "nconclusive" in type(e).__name__ else "error"
+
+
+# --------------------------------------------------------------------------
+# Main
+# --------------------------------------------------------------------------
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--pairs", type=int, default=1000)
+  ap.add_argument("--seed", type=int, default=0)
+  ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "bench_compare.json"))
+  args = ap.parse_args(argv)
+
+  pairs = make_pairs(args.pairs, args.seed)
+  t_start = time.perf_counter()
+  results, times = [], []
+  for name, lhs, rhs, cons, _ in pairs:   # warm-up: imports, small caches
+    compare_lib.compare_polys(lhs, rhs, cons)
+    break
+  for name, lhs, rhs, cons, _ in pairs:
+    compare_lib.compare_polys.cache_clear()
+    t0 = time.perf_counter()
+    o = compare_lib.compare_polys(lhs, rhs, cons)
+    times.append(time.perf_counter() - t0)
+    results.append(o)
+
+  wrong, kinds, methods, per_setting = [], collections.Counter(), collections.Counter(), {}
+  jax_counts, jax_wrong = collections.Counter(), 0
+  for (name, lhs, rhs, cons, ranges), o in zip(pairs, results):
+    kinds[o.kind] += 1
+    methods[o.method] += 1
+    st = per_setting.setdefault(name, collections.Counter())
+    st["pairs"] += 1
+    st["decided"] += o.decided
+    problem = check(o, lhs, rhs, cons, ranges)
+    if problem:
+      wrong.append({"lhs": str(lhs), "rhs": str(rhs), "constraints": list(cons.source),
+                    "answer": str(o), "problem": problem})
+    jax = jax_baseline(lhs, rhs, cons.source)
+    jax_counts[jax] += 1
+    # JAX's True claims lhs >= rhs everywhere, False claims lhs < rhs everywhere.
+    if (jax == "True" and o.kind not in ("GE", "EQ")) or (jax == "False" and o.kind != "LE"):
+      jax_wrong += o.decided
+  wall = time.perf_counter() - t_start
+
+  n = len(pairs)
+  decided = sum(o.decided for o in results)
+  us = sorted(t * 1e6 for t in times)
+  summary = {
+      "pairs": n, "seed": args.seed, "wrong": len(wrong), "decided": decided,
+      "decided_share": decided / n,
+      "kinds": dict(kinds), "methods": dict(methods),
+      "per_setting": {k: dict(v) for k, v in per_setting.items()},
+      "time_us": {"mean": statistics.mean(us), "p50": us[n // 2],
+                  "p99": us[min(n - 1, math.ceil(0.99 * n) - 1)], "max": us[-1]},
+      "jax_ge": {"answers": dict(jax_counts),
+                 "decided_share": (jax_counts["True"] + jax_counts["False"]) / n,
+                 "disagreements_with_decided_exact": jax_wrong},
+      "wrong_examples": wrong[:20],
+      "wall_s": wall,
+  }
+  print(f"pairs: {n} (seed {args.seed}), settings: {', '.join(per_setting)}")
+  print(f"wrong answers: {len(wrong)}")
+  print(f"decided: {decided}/{n} = {100 * decided / n:.1f}%")
+  print("kinds:   " + ", ".join(f"{k} {v}" for k, v in kinds.most_common()))
+  print("methods: " + ", ".join(f"{k} {v}" for k, v in methods.most_common()))
+  for k, v in per_setting.items():
+    print(f"  {k:20s} decided {v['decided']}/{v['pairs']}")
+  t = summary["time_us"]
+  print(f"time per compare (cache cleared): mean {t['mean']:.0f} us, p50 {t['p50']:.0f} us, "
+        f"p99 {t['p99']:.0f} us, max {t['max']:.0f} us")
+  print(f"JAX's own >= decided {jax_counts['True'] + jax_counts['False']}/{n} "
+        f"({dict(jax_counts)}); disagreements with exact answers: {jax_wrong}")
+  for w in wrong[:5]:
+    print("WRONG:", w)
+  print(f"wall time {wall:.0f} s")
+  out = pathlib.Path(args.out)
+  out.parent.mkdir(parents=True, exist_ok=True)
+  out.write_text(json.dumps(summary, indent=2) + "\n")
+  print(f"wrote {out}")
+  return 0 if not wrong and decided >= 0.99 * n else 1
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,215 @@
+"""User constraints on dimension variables, normalized for the decision procedure.
+
+Constraints are written as jax.export writes them: `"s <= 4096"`, `"b >= 2"`,
+`"s == 128*k"` (plus `<` and `>` for convenience). They normalize to
+
+* `substitutions`: equalities `var == poly` that eliminate `var` everywhere
+  (how a divisibility such as "s is a multiple of 128" is declared);
+* `bounds`: an integer interval per remaining variable, always within [1, inf);
+* `inequalities`: what is left, each `p >= 0`, checked on witnesses and used by
+  the decision procedure only soundly (a proof over the bounds box holds on any
+  subset of it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from typing import Iterable, Mapping, Sequence, Union
+
+from jax_symmem._src import jax_dims
+from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.poly import Poly, Var
+
+_RELATION = re.compile(r"(==|>=|<=|>|<)")
+
+
+@dataclasses.dataclass(frozen=True)
+class Constraints:
+  """Normalized constraints; hashable so that comparisons can be cached."""
+  bounds: tuple[tuple[str, int, int | None], ...] = ()
+  substitutions: tuple[tuple[str, Poly], ...] = ()
+  inequalities: tuple[Poly, ...] = ()
+  source: tuple[str, ...] = ()
+
+  @property
+  def bounds_map(self) -> dict[str, tuple[int, int | None]]:
+    return {v: (lo, hi) for v, lo, hi in self.bounds}
+
+  def lower(self, var: str) -> int:
+    return self.bounds_map.get(var, (1, None))[0]
+
+  def upper(self, var: str) -> int | None:
+    return self.bounds_map.get(var, (1, None))[1]
+
+  @property
+  def eliminated(self) -> frozenset[str]:
+    return frozenset(v for v, _ in self.substitutions)
+
+  def reduce(self, p: Poly) -> Poly:
+    """Rewrites `p` with the substitutions (eliminated variables disappear)."""
+    if not self.substitutions:
+      return p
+    mapping = {Var(v): q for v, q in self.substitutions}
+    return _substitute_deep(p, mapping)
+
+  def complete(self, env: Mapping[str, int]) -> dict[str, int]:
+    """Adds the values of eliminated variables to an assignment of the others."""
+    out = dict(env)
+    for v, q in self.substitutions:
+      if v not in out:
+        out[v] = q.evaluate(out)
+    return out
+
+  def violation(self, env: Mapping[str, int]) -> str | None:
+    """The first constraint that `env` violates, or None."""
+    for v, lo, hi in self.bounds:
+      if v in env and (env[v] < lo or (hi is not None and env[v] > hi)):
+        hi_s = "inf" if hi is None else hi
+        return f"{v} = {env[v]} is outside [{lo}, {hi_s}]" + self._origin(v)
+    for v, q in self.substitutions:
+      if v in env and q.variables() <= env.keys() and env[v] != q.evaluate(env):
+        return f"{v} = {env[v]} but the constraint says {v} == {q} = {q.evaluate(env)}"
+    for p in self.inequalities:
+      if p.variables() <= env.keys() and p.evaluate(env) < 0:
+        return f"{p} >= 0 fails ({p.evaluate(env)})" + self._origin(None)
+    return None
+
+  def _origin(self, var: str | None) -> str:
+    srcs = [s for s in self.source if var is None or re.search(rf"\b{re.escape(var)}\b", s)]
+    return f" (constraints: {', '.join(srcs)})" if srcs else " (every dimension is >= 1)"
+
+  def __str__(self) -> str:
+    parts = [f"{lo} <= {v}" + (f" <= {hi}" if hi is not None else "") for v, lo, hi in self.bounds]
+    parts += [f"{v} == {q}" for v, q in self.substitutions]
+    parts += [f"{p} >= 0" for p in self.inequalities]
+    return ", ".join(parts) or "(none)"
+
+
+ConstraintsLike = Union[Constraints, Sequence[str], str, None]
+
+
+def _substitute_deep(p: Poly, mapping: Mapping[Var, Poly]) -> Poly:
+  """Substitutes variables, also inside operation atoms."""
+  from jax_symmem._src.poly import OpAtom, _operation
+  atom_map = {}
+  for a in p.atoms():
+    if isinstance(a, Var):
+      if a in mapping:
+        atom_map[a] = mapping[a]
+    elif a.variables() & {v.name for v in mapping}:
+      ops = [_substitute_deep(o, mapping) for o in a.operands]
+      atom_map[a] = _operation(a.op, ops[0], ops[1])
+  return p.substitute(atom_map) if atom_map else p
+
+
+def _split(c: str) -> tuple[Poly, str, Poly]:
+  parts = _RELATION.split(c)
+  if len(parts) != 3:
+    raise ConstraintError(
+        f"cannot parse constraint {c!r}: write one relation such as 's <= 4096', "
+        "'b >= 2' or 's == 128*k'")
+  lhs, rel, rhs = parts
+  try:
+    return jax_dims.parse(lhs.strip()), rel, jax_dims.parse(rhs.strip())
+  except ValueError as e:
+    raise ConstraintError(f"cannot parse constraint {c!r}: {e}") from None
+
+
+def _solve_for_var(diff: Poly, prefer: Sequence[str]) -> tuple[str, Poly] | None:
+  """For `diff == 0`, finds `var = poly` with var appearing once, linearly, coefficient +-1."""
+  for name in list(prefer) + sorted(diff.variables()):
+    v = Var(name)
+    mono = ((v, 1),)
+    coeff = diff.as_dict().get(mono)
+    if coeff not in (1, -1):
+      continue
+    rest = diff - Poly.from_dict({mono: coeff})
+    if name in rest.variables():
+      continue
+    return name, (-rest if coeff == 1 else rest)
+  return None
+
+
+def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = ()) -> Constraints:
+  """Normalizes user constraints over `variables` (each implicitly >= 1)."""
+  if isinstance(constraints, Constraints):
+    if not variables:
+      return constraints
+    source = constraints.source
+  elif constraints is None:
+    source = ()
+  elif isinstance(constraints, str):
+    raise ConstraintError(
+        f"constraints must be a sequence of strings, got the string {constraints!r}; "
+        f"write constraints=({constraints!r},)")
+  else:
+    source = tuple(constraints)
+  for c in source:
+    if not isinstance(c, str):
+      raise ConstraintError(f"each constraint must be a string, got {c!r}")
+
+  relations = [(c,) + _split(c) for c in source]
+  all_vars = set(variables)
+  for _, lhs, _, rhs in relations:
+    all_vars |= lhs.variables() | rhs.variables()
+
+  # 1. Equalities become substitutions, applied to each other as they come.
+  subs: dict[str, Poly] = {}
+  def reduce(p: Poly) -> Poly:
+    return _substitute_deep(p, {Var(v): q for v, q in subs.items()}) if subs else p
+  ineqs: list[tuple[str, Poly]] = []
+  for c, lhs, rel, rhs in relations:
+    if rel == "==":
+      diff = reduce(lhs - rhs)
+      if diff.is_constant():
+        if diff.constant != 0:
+          raise ConstraintError(f"constraint {c!r} contradicts the others: it reduces to {diff} == 0")
+        continue
+      prefer = [lhs.variables().__iter__().__next__()] if len(lhs.terms) == 1 and lhs.degree() == 1 and lhs.variables() else []
+      solved = _solve_for_var(diff, prefer)
+      if solved is None:
+        raise ConstraintError(
+            f"cannot use equality {c!r}: write it as 'var == expression' with the variable "
+            "appearing once on the left, e.g. 's == 128*k'")
+      v, q = solved
+      subs = {w: _substitute_deep(p, {Var(v): q}) for w, p in subs.items()}
+      subs[v] = q
+    else:
+      ge = {">=": lhs - rhs, ">": lhs - rhs - 1, "<=": rhs - lhs, "<": rhs - lhs - 1}[rel]
+      ineqs.append((c, ge))
+  # Every original dimension is >= 1, eliminated ones included.
+  for v in sorted(all_vars):
+    ineqs.append((f"{v} >= 1", Poly.var(v) - 1))
+
+  # 2. Inequalities linear in one variable become bounds; the rest stay general.
+  free_vars = sorted((all_vars - subs.keys()) | {w for q in subs.values() for w in q.variables()})
+  lo: dict[str, int] = {v: 1 for v in free_vars}
+  hi: dict[str, int | None] = {v: None for v in free_vars}
+  general: list[Poly] = []
+  for c, p in ineqs:
+    p = reduce(p)
+    if p.is_constant():
+      if p.constant < 0:
+        raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
+      continue
+    if p.degree() == 1 and len(p.atoms()) == 1 and isinstance(next(iter(p.atoms())), Var):
+      (v,) = p.variables()
+      a = p.as_dict()[((Var(v), 1),)]
+      c0 = p.constant
+      if a > 0:   # a*v + c0 >= 0  ->  v >= ceil(-c0 / a)
+        lo[v] = max(lo[v], -((c0) // a))
+      else:       # v <= floor(c0 / -a)
+        bound = c0 // (-a)
+        hi[v] = bound if hi[v] is None else min(hi[v], bound)
+    else:
+      general.append(p)
+  for v in free_vars:
+    if hi[v] is not None and lo[v] > hi[v]:
+      srcs = [c for c in source if re.search(rf"\b{re.escape(v)}\b", c)]
+      raise ConstraintError(
+          f"constraints on {v!r} contradict each other: they require {lo[v]} <= {v} <= {hi[v]}"
+          + (f" (from {', '.join(repr(s) for s in srcs)})" if srcs else ""))
+  bounds = tuple((v, lo[v], hi[v]) for v in free_vars)
+  return Constraints(bounds=bounds, substitutions=tuple(sorted(subs.items())),
+                     inequalities=tuple(dict.fromkeys(general)), source=source)

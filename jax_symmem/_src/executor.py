@@ -1,0 +1,107 @@
+"""The reference executor: runs a program op by op and tracks live bytes.
+
+It binds each primitive eagerly in the given order, deletes every array right
+after its last use (arguments the caller holds are kept unless donated), and
+tracks the bytes of the distinct live arrays. Its tracked peak is what the
+memory model predicts, exactly (DESIGN.md F7); run in a fresh process with the
+measurement protocol of `measure.py`, its real peak is what the model claims
+about real memory. Control-flow nodes run whole, as one dispatch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterable, Sequence
+
+import jax
+
+from jax_symmem._src import interpret
+from jax_symmem._src.tracing import Const, Program, TracedProgram
+
+
+@dataclasses.dataclass(frozen=True)
+class Execution:
+  outputs: Any                  # the function's outputs (pytree)
+  live_during: tuple[int, ...]  # tracked live bytes while each step runs
+  arguments: int                # tracked bytes of the arguments
+
+  @property
+  def peak(self) -> int:
+    return max((self.arguments,) + self.live_during)
+
+
+def _nbytes(x) -> int:
+  return int(getattr(x, "nbytes", 0))
+
+
+def _buffer_key(x) -> tuple:
+  """Identifies the device buffer behind an array: views (PRNG key wrappers) share it."""
+  base = getattr(x, "_base_array", x)
+  try:
+    pointer = base.unsafe_buffer_pointer()
+  except Exception:  # not a single-device array: fall back to object identity
+    pointer = 0
+  return ("ptr", pointer) if pointer else ("obj", id(base))
+
+
+def execute(traced: TracedProgram, args: Sequence[Any], order: Sequence[int] | None = None,
+            donated: Iterable[int] = ()) -> Execution:
+  """Runs `traced` on concrete `args` (a tuple matching `trace`'s args) op by op."""
+  dims = traced.bind_dims(*args)
+  program = traced.specialize(**dims)
+  flat = jax.tree_util.tree_leaves(tuple(args))
+  flat = [jax.numpy.asarray(a) for a in flat]
+  outs, live, arg_bytes = run_tracked(program, flat, order, donated)
+  return Execution(jax.tree_util.tree_unflatten(traced.out_tree, outs), tuple(live), arg_bytes)
+
+
+def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None,
+                donated: Iterable[int] = ()):
+  """(outputs, live bytes during each step, argument bytes) of an op-by-op run."""
+  order = tuple(range(len(program.nodes))) if order is None else tuple(order)
+  donated = frozenset(donated)
+  last_use: dict[int, int] = {}
+  for pos, i in enumerate(order):
+    for x in program.nodes[i].inputs:
+      if not isinstance(x, Const):
+        last_use[x] = pos
+  outputs = {x for x in program.outputs if not isinstance(x, Const)}
+  held = {v for k, v in enumerate(program.inputs) if k not in donated}
+
+  refs: dict[tuple, int] = {}      # buffer -> number of live values on it
+  arrays: dict[tuple, Any] = {}    # buffer -> the first array seen on it
+  def hold(x):
+    key = _buffer_key(x)
+    refs[key] = refs.get(key, 0) + 1
+    arrays.setdefault(key, x)
+  def release(x) -> bool:
+    """Drops one reference; True when the buffer has no live value left."""
+    key = _buffer_key(x)
+    refs[key] -= 1
+    if refs[key] == 0:
+      del refs[key], arrays[key]
+      return True
+    return False
+  tracked = lambda: sum(_nbytes(a) for a in arrays.values())
+
+  env: dict[int, Any] = dict(zip(program.inputs, flat_args))
+  for v in program.inputs:
+    hold(env[v])
+  arg_bytes = tracked()
+  pinned = {_buffer_key(env[v]) for v in held}
+  read = lambda x: x.value if isinstance(x, Const) else env[x]
+  live = []
+  for pos, i in enumerate(order):
+    node = program.nodes[i]
+    results = interpret.bind(node, [read(x) for x in node.inputs])
+    for o, r in zip(node.outputs, results):
+      env[o] = r
+      hold(r)
+    live.append(tracked())
+    dying = {x for x in node.inputs if not isinstance(x, Const) and last_use[x] == pos}
+    dying |= {o for o in node.outputs if o not in last_use}
+    for v in dying - outputs - held:
+      x = env.pop(v)
+      if release(x) and _buffer_key(x) not in pinned and hasattr(x, "delete"):
+        x.delete()
+  return [read(x) for x in program.outputs], live, arg_bytes

@@ -1,0 +1,73 @@
+"""The one bridge between JAX's symbolic dimensions and `Poly`.
+
+This module (with `tracing.py`) is where jax_symmem touches private JAX
+internals: `_DimExpr` is a sum of `_DimTerm`s, each a product of `_DimFactor`s
+(a variable, or an operation floordiv/mod/max/min over `_DimExpr`s). If JAX
+changes that layout, `tests/test_jax_dims.py` fails loudly here rather than a
+size going wrong somewhere downstream.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Union
+
+import jax
+from jax import export
+from jax._src.export import shape_poly
+
+from jax_symmem._src import poly as poly_lib
+from jax_symmem._src.poly import Poly
+
+DimExpr = shape_poly._DimExpr
+InconclusiveDimensionOperation = jax.errors.InconclusiveDimensionOperation  # shape_poly raises subclasses
+
+DimLike = Union[Poly, int, str, Any]
+
+
+def is_symbolic(d: Any) -> bool:
+  return isinstance(d, DimExpr)
+
+
+def _factor_to_poly(f) -> Poly:
+  if f.var is not None:
+    return Poly.var(f.var)
+  if f.operation not in poly_lib.OPERATIONS:
+    raise NotImplementedError(f"unknown JAX dimension operation {f.operation!r}")
+  ops = [to_poly(o) for o in f.operands]
+  if len(ops) != 2:
+    raise NotImplementedError(f"dimension operation {f.operation} with {len(ops)} operands")
+  return poly_lib._operation(f.operation, ops[0], ops[1])
+
+
+def to_poly(d: DimLike) -> Poly:
+  """Converts a JAX dimension (`_DimExpr` or int), a jax.export expression string, or a Poly."""
+  if isinstance(d, Poly):
+    return d
+  if isinstance(d, str):
+    return parse(d)
+  if isinstance(d, DimExpr):
+    out = poly_lib.ZERO
+    for term, coeff in d._sorted_terms:
+      t = Poly.const(coeff)
+      for factor, exp in term._factors:
+        t = t * (_factor_to_poly(factor) ** exp)
+      out = out + t
+    return out
+  return Poly.lift(d)
+
+
+def parse(expr: str) -> Poly:
+  """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)")."""
+  if not isinstance(expr, str):
+    raise TypeError(f"expected a string, got {expr!r}")
+  try:
+    dims = export.symbolic_shape(expr)
+  except Exception as e:  # JAX raises ValueError with its own parse message.
+    raise ValueError(f"cannot parse dimension expression {expr!r}: {e}") from None
+  if len(dims) != 1:
+    raise ValueError(f"expected one dimension expression, got {len(dims)} in {expr!r}")
+  return to_poly(dims[0])
+
+
+def shape_to_polys(shape) -> tuple[Poly, ...]:
+  return tuple(to_poly(d) for d in shape)

@@ -1,0 +1,278 @@
+"""The symbolic memory model: liveness, per-step memory impact, and the peak.
+
+For a program, an order of its top-level nodes and the arguments the caller
+donates, every step's bytes are exact polynomials over the dims:
+
+* arguments are live from the start and stay live (the caller holds them),
+  unless donated, in which case they die after their last use;
+* a node allocates all its outputs (an output nobody reads dies right after the
+  node: dead on arrival), and frees each operand whose last use it was, unless
+  the operand is a program output or a held argument;
+* an output that aliases an operand (`ALIAS_RULES`) allocates nothing and keeps
+  the operand's buffer alive as long as either is live;
+* a control-flow node (scan, while, cond) also needs its body's working set
+  while it runs: the body's own modeled peak above the body's inputs
+  (`Step.transient`).
+
+This is exactly what the reference executor does when it runs the program op by
+op and deletes every array after its last use (DESIGN.md F7); tests check the
+two agree. The peak is `max` over steps of `live_during`; which step attains it
+can depend on the shape, so `Peak` keeps every step that is the maximum
+somewhere in the allowed box, pruned with exact comparisons.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from typing import Callable, Iterable, Mapping, Sequence
+
+from jax_symmem._src import compare as compare_lib
+from jax_symmem._src.poly import ZERO, Poly
+from jax_symmem._src.shape_graph import ShapeGraph
+from jax_symmem._src.tracing import Const, Node, Program
+
+# primitive name -> node -> index of the operand that output 0 aliases (eager execution).
+# Measured: `stop_gradient` returns its operand object and `random_wrap` /
+# `random_unwrap` views share its buffer; reshape, transpose, copy,
+# broadcast_in_dim and optimization_barrier allocate new buffers.
+ALIAS_RULES: dict[str, Callable[[Node], int | None]] = {
+    "stop_gradient": lambda node: 0,
+    "random_wrap": lambda node: 0,
+    "random_unwrap": lambda node: 0,
+}
+
+
+def aliased_operand(node: Node) -> int | None:
+  rule = ALIAS_RULES.get(node.name)
+  if rule is None:
+    return None
+  i = rule(node)
+  return i if i is not None and not isinstance(node.inputs[i], Const) else None
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  """One node in the order and its memory effect (bytes as polynomials)."""
+  node: int
+  live_before: Poly
+  allocated: Poly
+  transient: Poly
+  freed: Poly
+
+  @property
+  def live_during(self) -> Poly:
+    return self.live_before + self.allocated + self.transient
+
+  @property
+  def live_after(self) -> Poly:
+    return self.live_before + self.allocated - self.freed
+
+  @property
+  def impact(self) -> Poly:
+    """Bytes allocated minus bytes freed: the scheduler's memory impact."""
+    return self.allocated - self.freed
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Peak:
+  """max over candidate steps of their live bytes: exact, piecewise over the dims."""
+  candidates: tuple[tuple[int, Poly], ...]   # (position in order, live bytes)
+  graph: ShapeGraph
+
+  def evaluate(self, **dims: int) -> int:
+    return self.argmax(**dims)[1]
+
+  def argmax(self, **dims: int) -> tuple[int, int]:
+    """(position in the order, bytes) of the peak at concrete dims."""
+    env = self.graph.constraints.complete(dims)
+    vals = [(pos, p.evaluate(env)) for pos, p in self.candidates]
+    return max(vals, key=lambda pv: (pv[1], -pv[0]))
+
+  def __str__(self) -> str:
+    if len(self.candidates) == 1:
+      return str(self.candidates[0][1])
+    return "max(" + ", ".join(str(p) for _, p in self.candidates) + ")"
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class MemoryProfile:
+  """Liveness and memory of one order of a program."""
+  graph: ShapeGraph
+  program: Program
+  order: tuple[int, ...]
+  arguments: Poly           # bytes live before the first step
+  steps: tuple[Step, ...]
+
+  @functools.cached_property
+  def peak(self) -> Peak:
+    return _peak(self.graph, [(i, s.live_during) for i, s in enumerate(self.steps)]
+                 or [(0, self.arguments)])
+
+  def peak_bytes(self, *, include_transients: bool = True, **dims: int) -> int:
+    """Exact modeled peak at concrete dims.
+
+    `include_transients=False` leaves out control-flow bodies' working sets:
+    the op-level figure that the reference executor tracks (it runs a scan or
+    cond as one dispatch and sees only its operands and results).
+    """
+    return max([self.arguments.evaluate(self.graph.constraints.complete(dims))] +
+               self.live_bytes(include_transients=include_transients, **dims))
+
+  def live_bytes(self, *, include_transients: bool = True, **dims: int) -> list[int]:
+    """Live bytes while each step runs, at concrete dims."""
+    env = self.graph.constraints.complete(dims)
+    return [(s.live_during if include_transients else s.live_before + s.allocated).evaluate(env)
+            for s in self.steps]
+
+  def timeline(self, **dims: int) -> str:
+    """A readable table: step, op, source line, live bytes at those dims."""
+    env = self.graph.constraints.complete(dims)
+    peak = self.peak_bytes(**dims)
+    rows = [f"{'step':>5}  {'op':<22} {'live MiB':>10}  {'alloc MiB':>10}  source"]
+    for k, (i, s) in enumerate(zip(self.order, self.steps)):
+      node = self.program.nodes[i]
+      live = s.live_during.evaluate(env)
+      mark = "  <- peak" if live == peak else ""
+      rows.append(f"{k:>5}  {node.name:<22} {live / 2**20:>10.2f}  "
+                  f"{s.allocated.evaluate(env) / 2**20:>10.2f}  {node.source}{mark}")
+    return "\n".join(rows)
+
+
+def _value_bytes(graph: ShapeGraph, v) -> Poly:
+  return ZERO if isinstance(v, Const) else graph.bytes(v)
+
+
+def profile(graph: ShapeGraph, program: Program | None = None, order: Sequence[int] | None = None,
+            donated: Iterable[int] = ()) -> MemoryProfile:
+  """The memory profile of `program` (default: the traced program) in `order`.
+
+  Args:
+    graph: the shape graph that gives every value's bytes.
+    program: a program or subprogram of `graph.traced`.
+    order: a permutation of node indices (default: trace order).
+    donated: positions of arguments the caller donates (freed after last use).
+  """
+  program = graph.traced.program if program is None else program
+  order = _check_order(program, order)
+  arguments, raw = _simulate(program, order, donated, graph.bytes, ZERO,
+                             lambda node: transient(graph, node))
+  steps = tuple(Step(i, live, alloc, trans, freed) for i, live, alloc, trans, freed in raw)
+  return MemoryProfile(graph, program, order, arguments, steps)
+
+
+def peak_at(graph: ShapeGraph, env: Mapping[str, int], program: Program | None = None,
+            order: Sequence[int] | None = None, donated: Iterable[int] = ()) -> int:
+  """`profile(...).peak_bytes(**env)` computed with integers: fast enough for search."""
+  program = graph.traced.program if program is None else program
+  env = graph.constraints.complete(dict(env))
+  cache: dict[int, int] = {}
+  def size(v: int) -> int:
+    if v not in cache:
+      cache[v] = graph.bytes(v).evaluate(env)
+    return cache[v]
+  arguments, raw = _simulate(program, _check_order(program, order), donated, size, 0,
+                             lambda node: transient(graph, node).evaluate(env))
+  return max([arguments] + [live + alloc + trans for _, live, alloc, trans, _ in raw])
+
+
+def _check_order(program: Program, order) -> tuple[int, ...]:
+  order = tuple(range(len(program.nodes))) if order is None else tuple(order)
+  if sorted(order) != list(range(len(program.nodes))):
+    raise ValueError("order must be a permutation of the program's node indices")
+  return order
+
+
+def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], size, zero,
+              transient_of):
+  """Liveness simulation, generic in the number type (Poly or int)."""
+  donated = frozenset(donated)
+  # Buffers: each value maps to a buffer (itself, or the buffer it aliases).
+  buffer: dict[int, int] = {v: v for v in program.inputs}
+  for node in program.nodes:
+    a = aliased_operand(node)
+    for k, o in enumerate(node.outputs):
+      buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+  # A buffer dies at the last position where any value on it is used.
+  last_use: dict[int, int] = {}
+  for pos, i in enumerate(order):
+    for x in program.nodes[i].inputs:
+      if not isinstance(x, Const):
+        last_use[buffer[x]] = pos
+  pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
+  pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
+
+  arguments = sum((size(v) for v in program.inputs), zero)
+  live, steps = arguments, []
+  for pos, i in enumerate(order):
+    node = program.nodes[i]
+    allocated = sum((size(o) for o in node.outputs if buffer[o] == o), zero)
+    dying = {buffer[x] for x in node.inputs if not isinstance(x, Const)
+             if last_use.get(buffer[x]) == pos and buffer[x] not in pinned}
+    dying |= {o for o in node.outputs if buffer[o] == o and o not in last_use and o not in pinned}
+    freed = sum((size(b) for b in sorted(dying)), zero)
+    steps.append((i, live, allocated, transient_of(node), freed))
+    live = live + allocated - freed
+  return arguments, steps
+
+
+@functools.lru_cache(maxsize=4096)
+def transient(graph: ShapeGraph, node: Node) -> Poly:
+  """Working set of a control-flow node's bodies above their inputs (0 for plain ops)."""
+  if not node.subprograms:
+    return ZERO
+  extras = []
+  for body in node.subprograms:
+    prof = profile(graph, body)
+    body_peak = _max_poly(graph, [s.live_during for s in prof.steps] or [prof.arguments])
+    extras.append(body_peak - prof.arguments)
+  return _max_poly(graph, extras)
+
+
+def _max_poly(graph: ShapeGraph, polys: Sequence[Poly]) -> Poly:
+  """A single polynomial >= every one of `polys` over the allowed box (exact when one dominates)."""
+  kept = _prune(graph, list(enumerate(polys)))
+  if len(kept) == 1:
+    return kept[0][1]
+  # No single dominant term: the sum of the non-negative candidates is a sound bound.
+  return sum((p for _, p in kept), ZERO)
+
+
+def sample_points(graph: ShapeGraph) -> list[dict[str, int]]:
+  axes = []
+  for v, lo, hi in graph.constraints.bounds:
+    top = hi if hi is not None else max(lo, 4096)
+    axes.append([(v, x) for x in sorted({lo, (lo + top) // 2, top, max(lo, top // 8)})])
+  points = [dict(p) for p in itertools.product(*axes)]
+  return [graph.constraints.complete(p) for p in points
+          if graph.constraints.violation(graph.constraints.complete(p)) is None] or [
+              graph.constraints.complete({v: lo for v, lo, _ in graph.constraints.bounds})]
+
+
+def _prune(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> list[tuple[int, Poly]]:
+  """Drops candidates proven <= another candidate; keeps the rest (the peak's pieces)."""
+  unique: dict[Poly, int] = {}
+  for pos, p in candidates:
+    unique.setdefault(p, pos)
+  cands = [(pos, p) for p, pos in unique.items()]
+  if len(cands) <= 1:
+    return cands
+  points = sample_points(graph)
+  leaders: dict[Poly, int] = {}
+  for env in points:
+    pos, p = max(cands, key=lambda c: (c[1].evaluate(env), -c[0]))
+    leaders[p] = pos
+  kept = [(pos, p) for p, pos in leaders.items()]
+  for pos, p in cands:
+    if p in leaders:
+      continue
+    dominated = any(compare_lib.compare_polys(q, p, graph.constraints).kind in ("GE", "EQ")
+                    for _, q in kept)
+    if not dominated:
+      kept.append((pos, p))
+  return sorted(kept)
+
+
+def _peak(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> Peak:
+  return Peak(tuple(_prune(graph, candidates)), graph)

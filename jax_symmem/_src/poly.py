@@ -1,0 +1,313 @@
+"""Exact integer polynomials over dimension atoms.
+
+A `Poly` is a sum of integer-coefficient monomials; a monomial is a product of
+atoms raised to positive powers. An atom is either a dimension variable (`Var`)
+or an operation over polynomials (`OpAtom`: floordiv, mod, max, min) that stays
+opaque to the algebra but evaluates exactly.
+
+Everything here is plain Python ints: no overflow (JAX's `_evaluate` wraps at
+int32 for realistic byte sizes) and no rewriting of floordiv/mod beyond constant
+folding (sympy 1.14 simplifies `Mod` wrongly; see DESIGN.md F9). sympy is used
+for display only.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Iterable, Mapping, Union
+
+FLOORDIV = "floordiv"
+MOD = "mod"
+MAX = "max"
+MIN = "min"
+OPERATIONS = (FLOORDIV, MOD, MAX, MIN)
+
+
+@dataclasses.dataclass(frozen=True, order=False)
+class Var:
+  """A dimension variable, an integer >= 1 unless constraints say more."""
+  name: str
+
+  @functools.cached_property
+  def sort_key(self) -> tuple:
+    return (0, self.name)
+
+  def evaluate(self, env: Mapping[str, int]) -> int:
+    try:
+      return int(env[self.name])
+    except KeyError:
+      raise KeyError(f"no value given for dimension {self.name!r}") from None
+
+  def variables(self) -> frozenset[str]:
+    return frozenset((self.name,))
+
+  def __str__(self) -> str:
+    return self.name
+
+
+@dataclasses.dataclass(frozen=True, order=False)
+class OpAtom:
+  """`op(operands...)` for op in floordiv/mod/max/min, opaque to the algebra."""
+  op: str
+  operands: tuple["Poly", ...]
+
+  def __post_init__(self):
+    if self.op not in OPERATIONS:
+      raise ValueError(f"unknown dimension operation {self.op!r}")
+
+  @functools.cached_property
+  def sort_key(self) -> tuple:
+    return (1, self.op, tuple(o.sort_key for o in self.operands))
+
+  def evaluate(self, env: Mapping[str, int]) -> int:
+    vals = [o.evaluate(env) for o in self.operands]
+    return _apply(self.op, *vals)
+
+  def variables(self) -> frozenset[str]:
+    return frozenset().union(*(o.variables() for o in self.operands))
+
+  def __str__(self) -> str:
+    return f"{self.op}({', '.join(str(o) for o in self.operands)})"
+
+
+Atom = Union[Var, OpAtom]
+# A monomial: ((atom, exponent), ...) sorted by atom.sort_key; () is the constant 1.
+Monomial = tuple[tuple[Atom, int], ...]
+
+
+def _apply(op: str, a: int, b: int) -> int:
+  if op == FLOORDIV:
+    if b == 0:
+      raise ZeroDivisionError("floordiv by zero in a dimension expression")
+    return a // b
+  if op == MOD:
+    if b == 0:
+      raise ZeroDivisionError("mod by zero in a dimension expression")
+    return a % b
+  if op == MAX:
+    return max(a, b)
+  return min(a, b)
+
+
+def _mono_key(m: Monomial) -> tuple:
+  # Higher degree first, then atoms; gives the familiar "s^2 + 3*s + 1" order.
+  return (-sum(e for _, e in m), tuple((a.sort_key, -e) for a, e in m))
+
+
+def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
+  if not m1:
+    return m2
+  if not m2:
+    return m1
+  exps: dict[Atom, int] = dict(m1)
+  for a, e in m2:
+    exps[a] = exps.get(a, 0) + e
+  return tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
+
+
+@dataclasses.dataclass(frozen=True, eq=True)
+class Poly:
+  """An exact polynomial with integer coefficients over dimension atoms.
+
+  `terms` is canonical: sorted, no zero coefficients, so equal polynomials are
+  equal (and hash equally) as Python objects.
+  """
+  terms: tuple[tuple[Monomial, int], ...]
+
+  # --- constructors -------------------------------------------------------
+  @staticmethod
+  def from_dict(coeffs: Mapping[Monomial, int]) -> "Poly":
+    items = [(m, int(c)) for m, c in coeffs.items() if c != 0]
+    items.sort(key=lambda mc: _mono_key(mc[0]))
+    return Poly(tuple(items))
+
+  @staticmethod
+  def const(c: int) -> "Poly":
+    return Poly((((), int(c)),)) if c != 0 else ZERO
+
+  @staticmethod
+  def var(name: str) -> "Poly":
+    return Poly.atom(Var(name))
+
+  @staticmethod
+  def atom(a: Atom) -> "Poly":
+    return Poly(((((a, 1),), 1),))
+
+  @staticmethod
+  def lift(x: "PolyLike") -> "Poly":
+    if isinstance(x, Poly):
+      return x
+    if isinstance(x, bool):
+      raise TypeError("a bool is not a dimension size")
+    if isinstance(x, int) or hasattr(x, "__index__"):
+      return Poly.const(int(x))
+    raise TypeError(f"cannot use {x!r} of type {type(x).__name__} as a dimension polynomial")
+
+  # --- queries ------------------------------------------------------------
+  @functools.cached_property
+  def sort_key(self) -> tuple:
+    return tuple((_mono_key(m), c) for m, c in self.terms)
+
+  def as_dict(self) -> dict[Monomial, int]:
+    return dict(self.terms)
+
+  def is_constant(self) -> bool:
+    return all(not m for m, _ in self.terms)
+
+  @property
+  def constant(self) -> int:
+    """The constant term (the value if `is_constant()`)."""
+    for m, c in self.terms:
+      if not m:
+        return c
+    return 0
+
+  def atoms(self) -> frozenset[Atom]:
+    return frozenset(a for m, _ in self.terms for a, _ in m)
+
+  def variables(self) -> frozenset[str]:
+    """All dimension variable names, including those inside operation atoms."""
+    out: set[str] = set()
+    for a in self.atoms():
+      out |= a.variables()
+    return frozenset(out)
+
+  def degree(self) -> int:
+    return max((sum(e for _, e in m) for m, _ in self.terms), default=0)
+
+  def evaluate(self, env: Mapping[str, int]) -> int:
+    """Exact value at concrete dims (Python ints, never overflows)."""
+    total = 0
+    cache: dict[Atom, int] = {}
+    for m, c in self.terms:
+      v = c
+      for a, e in m:
+        if a not in cache:
+          cache[a] = a.evaluate(env)
+        v *= cache[a] ** e
+      total += v
+    return total
+
+  def substitute(self, mapping: Mapping[Atom, "Poly"]) -> "Poly":
+    """Replaces atoms by polynomials (atoms not in `mapping` stay)."""
+    out = ZERO
+    for m, c in self.terms:
+      t = Poly.const(c)
+      for a, e in m:
+        t = t * (mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),)))
+      out = out + t
+    return out
+
+  # --- arithmetic ---------------------------------------------------------
+  def __add__(self, other: "PolyLike") -> "Poly":
+    other = Poly.lift(other)
+    d = dict(self.terms)
+    for m, c in other.terms:
+      d[m] = d.get(m, 0) + c
+    return Poly.from_dict(d)
+
+  __radd__ = __add__
+
+  def __neg__(self) -> "Poly":
+    return Poly(tuple((m, -c) for m, c in self.terms))
+
+  def __sub__(self, other: "PolyLike") -> "Poly":
+    return self + (-Poly.lift(other))
+
+  def __rsub__(self, other: "PolyLike") -> "Poly":
+    return Poly.lift(other) - self
+
+  def __mul__(self, other: "PolyLike") -> "Poly":
+    other = Poly.lift(other)
+    d: dict[Monomial, int] = {}
+    for m1, c1 in self.terms:
+      for m2, c2 in other.terms:
+        m = _mono_mul(m1, m2)
+        d[m] = d.get(m, 0) + c1 * c2
+    return Poly.from_dict(d)
+
+  __rmul__ = __mul__
+
+  def __pow__(self, k: int) -> "Poly":
+    if not isinstance(k, int) or k < 0:
+      raise ValueError(f"exponent must be a non-negative int, got {k!r}")
+    out = ONE
+    for _ in range(k):
+      out = out * self
+    return out
+
+  # --- operations (constant-folded, otherwise opaque atoms) -----------------
+  def floordiv(self, other: "PolyLike") -> "Poly":
+    return _operation(FLOORDIV, self, other)
+
+  def mod(self, other: "PolyLike") -> "Poly":
+    return _operation(MOD, self, other)
+
+  def max(self, other: "PolyLike") -> "Poly":
+    return _operation(MAX, self, other)
+
+  def min(self, other: "PolyLike") -> "Poly":
+    return _operation(MIN, self, other)
+
+  # --- display ------------------------------------------------------------
+  def __str__(self) -> str:
+    if not self.terms:
+      return "0"
+    parts = []
+    for i, (m, c) in enumerate(self.terms):
+      mono = "*".join(str(a) if e == 1 else f"{a}^{e}" for a, e in m)
+      mag = abs(c)
+      body = mono if (mono and mag == 1) else (f"{mag}*{mono}" if mono else str(mag))
+      if i == 0:
+        parts.append(("-" if c < 0 else "") + body)
+      else:
+        parts.append((" - " if c < 0 else " + ") + body)
+    return "".join(parts)
+
+  def __repr__(self) -> str:
+    return f"Poly({self})"
+
+  def to_sympy(self):
+    """A sympy expression for display (never used for decisions)."""
+    import sympy
+    def atom_expr(a: Atom):
+      if isinstance(a, Var):
+        return sympy.Symbol(a.name, integer=True, positive=True)
+      return sympy.Function(a.op)(*(o.to_sympy() for o in a.operands))
+    return sympy.Add(*(c * sympy.Mul(*(atom_expr(a) ** e for a, e in m)) for m, c in self.terms))
+
+
+PolyLike = Union[Poly, int]
+ZERO = Poly(())
+ONE = Poly((((), 1),))
+
+
+def _operation(op: str, a: PolyLike, b: PolyLike) -> Poly:
+  a, b = Poly.lift(a), Poly.lift(b)
+  if a.is_constant() and b.is_constant():
+    return Poly.const(_apply(op, a.constant, b.constant))
+  if op in (FLOORDIV, MOD) and b.is_constant():
+    k = b.constant
+    if k == 0:
+      raise ZeroDivisionError(f"{op} by zero in a dimension expression")
+    if k == 1:
+      return a if op == FLOORDIV else ZERO
+    # Exact only when every coefficient is a multiple of k: (k*p) // k == p, (k*p) % k == 0.
+    if all(c % k == 0 for _, c in a.terms):
+      return Poly.from_dict({m: c // k for m, c in a.terms}) if op == FLOORDIV else ZERO
+  if op in (MAX, MIN) and a == b:
+    return a
+  return Poly.atom(OpAtom(op, (a, b)))
+
+
+def product(polys: Iterable[PolyLike]) -> Poly:
+  out = ONE
+  for p in polys:
+    out = out * Poly.lift(p)
+  return out
+
+
+def gcd_of_coefficients(p: Poly) -> int:
+  return math.gcd(*(c for _, c in p.terms)) if p.terms else 0

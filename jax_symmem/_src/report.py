@@ -1,0 +1,43 @@
+"""Human-readable reports of a shape graph."""
+
+from __future__ import annotations
+
+from jax_symmem._src.shape_graph import ShapeGraph
+
+
+def _mib(n: int) -> str:
+  return f"{n / 2**20:,.1f} MiB"
+
+
+def shape_report(graph: ShapeGraph, top: int = 8) -> str:
+  """Dims, constraints, graph statistics, the largest values and how their sizes compare."""
+  tp = graph.traced
+  at = graph.max_dims()
+  at_str = ", ".join(f"{k}={v}" for k, v in at.items())
+  lines = [f"jax_symmem symbolic analysis of {tp.fun_name}",
+           f"  dims:        {', '.join(tp.dims)}",
+           f"  constraints: {graph.constraints}"]
+  stats = graph.stats()
+  lines.append("  graph:       " + ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in stats.items()))
+  lines.append(f"\nlargest values (ranked at {at_str}):")
+  rows = [("bytes (exact polynomial)", f"at {at_str}", "shape", "op", "source")]
+  seen, largest = set(), []
+  for v in graph.largest(len(graph.values), **at):
+    size = graph.bytes(v.id)
+    if size in seen:
+      continue
+    seen.add(size)
+    largest.append(v)
+    src = v.source.rsplit("/", 1)[-1] if v.primitive else "(argument)"
+    rows.append((str(size), _mib(graph.evaluate(size, **at)), v.shape_str(), v.primitive or "input", src))
+    if len(largest) == top:
+      break
+  widths = [max(len(r[i]) for r in rows) for i in range(4)]
+  for r in rows:
+    lines.append("  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)) + "  " + r[4])
+  lines.append("\nexact comparisons between the largest sizes:")
+  for i in range(min(len(largest), 4)):
+    for j in range(i + 1, min(len(largest), 4)):
+      a, b = graph.bytes(largest[i].id), graph.bytes(largest[j].id)
+      lines.append(f"  {a}  vs  {b}:  {graph.compare(a, b)}")
+  return "\n".join(lines)

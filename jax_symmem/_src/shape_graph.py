@@ -1,0 +1,233 @@
+"""The symbolic shape graph: every value's dims and bytes as exact polynomials.
+
+Built from a `TracedProgram`: each value's shape becomes a tuple of `Poly`, its
+size in bytes `itemsize * prod(dims)`. Op semantics add relations between dims
+(a reshape keeps the element count, a dot_general's contracting dims are equal,
+a concatenate sums its inputs along the axis, ...), collected by per-primitive
+rules in `RELATION_RULES`. JAX's shape inference already states most of them as
+identities; a relation that is not an identity under the user's constraints is a
+new fact and is added to the graph's constraints, as the paper's shape graph does.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import constraints as constraints_lib
+from jax_symmem._src import jax_dims
+from jax_symmem._src.poly import Poly, product
+from jax_symmem._src.tracing import Const, Node, Program, TracedProgram
+
+
+def itemsize(aval: Any) -> int:
+  """Bytes per element of an aval; tokens and other non-arrays take none."""
+  dtype = getattr(aval, "dtype", None)
+  if dtype is None:
+    return 0
+  impl = getattr(dtype, "_impl", None)   # extended dtypes, e.g. PRNG keys
+  if impl is not None and hasattr(impl, "key_shape"):
+    return int(np.prod(impl.key_shape)) * 4
+  return int(np.dtype(dtype).itemsize)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValueInfo:
+  id: int
+  dims: tuple[Poly, ...]
+  dtype: str
+  bytes: Poly
+  primitive: str | None   # producer primitive; None for program inputs
+  source: str             # producer's source line ("" for inputs)
+
+  def shape_str(self) -> str:
+    return f"{self.dtype}[{', '.join(str(d) for d in self.dims)}]"
+
+
+@dataclasses.dataclass(frozen=True)
+class Relation:
+  """`lhs == rhs` implied by a node's semantics."""
+  kind: str
+  lhs: Poly
+  rhs: Poly
+  source: str
+
+
+# --- relation rules: (node, input dims, output dims) -> [(kind, lhs, rhs)] ---------
+
+RelationRule = Callable[[Node, Sequence[tuple[Poly, ...] | None], Sequence[tuple[Poly, ...]]],
+                        Iterable[tuple[str, Poly, Poly]]]
+RELATION_RULES: dict[str, RelationRule] = {}
+
+
+def _rule(*names: str):
+  def register(fn):
+    for n in names:
+      RELATION_RULES[n] = fn
+    return fn
+  return register
+
+
+@_rule("reshape")
+def _reshape(node, ins, outs):
+  yield "reshape keeps the element count", product(ins[0]), product(outs[0])
+
+
+@_rule("broadcast_in_dim")
+def _broadcast(node, ins, outs):
+  for i, j in enumerate(node.params["broadcast_dimensions"]):
+    if ins[0][i] != Poly.const(1):
+      yield "broadcast keeps mapped dims", ins[0][i], outs[0][j]
+
+
+@_rule("concatenate")
+def _concatenate(node, ins, outs):
+  axis = node.params["dimension"]
+  yield "concatenate sums the axis", sum((d[axis] for d in ins), Poly.const(0)), outs[0][axis]
+
+
+@_rule("dot_general")
+def _dot_general(node, ins, outs):
+  (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+  for i, j in zip(lc, rc):
+    yield "dot_general contracting dims are equal", ins[0][i], ins[1][j]
+  for i, j in zip(lb, rb):
+    yield "dot_general batch dims are equal", ins[0][i], ins[1][j]
+
+
+@_rule("transpose")
+def _transpose(node, ins, outs):
+  for j, i in enumerate(node.params["permutation"]):
+    yield "transpose permutes dims", ins[0][i], outs[0][j]
+
+
+@_rule("slice")
+def _slice(node, ins, outs):
+  starts, limits = node.params["start_indices"], node.params["limit_indices"]
+  strides = node.params["strides"] or (1,) * len(starts)
+  for d, (a, b, k) in enumerate(zip(starts, limits, strides)):
+    length = jax_dims.to_poly(b) - jax_dims.to_poly(a)
+    yield "slice length", (length + (k - 1)).floordiv(k), outs[0][d]
+
+
+@_rule("reduce_sum", "reduce_max", "reduce_min", "reduce_prod", "argmax", "argmin",
+       "reduce_and", "reduce_or")
+def _reduce(node, ins, outs):
+  axes = set(node.params["axes"])
+  kept = [d for i, d in enumerate(ins[0]) if i not in axes]
+  for a, b in zip(kept, outs[0]):
+    yield "reduction keeps other dims", a, b
+
+
+def _elementwise(node, ins, outs):
+  # Operands have the output's rank, or are scalars; a size-1 axis broadcasts.
+  for shape in ins:
+    if len(shape) == len(outs[0]):
+      for a, b in zip(shape, outs[0]):
+        if a != Poly.const(1):
+          yield "elementwise operands share dims", a, b
+
+
+for _name in ("add", "sub", "mul", "div", "max", "min", "select_n", "add_any", "pow",
+              "atan2", "rem", "and", "or", "eq", "ne", "lt", "le", "gt", "ge"):
+  RELATION_RULES[_name] = _elementwise
+
+
+# --- the graph -------------------------------------------------------------------------
+
+
+class ShapeGraph:
+  """Sizes of every value of a traced program, with exact comparison."""
+
+  def __init__(self, traced: TracedProgram):
+    self.traced = traced
+    self.dims: tuple[str, ...] = traced.dims
+    values: dict[int, ValueInfo] = {}
+    relations: list[Relation] = []
+    self._collect(traced.program, values, relations)
+    self.values: Mapping[int, ValueInfo] = values
+    self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
+
+  # -- construction --
+  def _info(self, vid, aval, node: Node | None) -> ValueInfo:
+    dims = jax_dims.shape_to_polys(getattr(aval, "shape", ()))
+    size = Poly.const(itemsize(aval)) * product(dims)
+    dtype = str(getattr(aval, "dtype", type(aval).__name__))
+    return ValueInfo(vid, dims, dtype, size, node.name if node else None,
+                     node.source if node else "")
+
+  def _collect(self, program: Program, values, relations) -> None:
+    for i in program.inputs:
+      values[i] = self._info(i, program.avals[i], None)
+    for node in program.nodes:
+      for o in node.outputs:
+        values[o] = self._info(o, program.avals[o], node)
+      rule = RELATION_RULES.get(node.name)
+      if rule is not None:
+        ins = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const)
+               else values[x].dims for x in node.inputs]
+        outs = [values[o].dims for o in node.outputs]
+        for kind, lhs, rhs in rule(node, ins, outs):
+          relations.append(Relation(kind, lhs, rhs, node.source))
+      for sub in node.subprograms:
+        self._collect(sub, values, relations)
+
+  @staticmethod
+  def _close(cons: constraints_lib.Constraints, relations: list[Relation]):
+    """Keeps relations; those that are not identities become constraints."""
+    implied: list[Relation] = []
+    for r in relations:
+      if cons.reduce(r.lhs) != cons.reduce(r.rhs):
+        implied.append(r)
+    if implied:
+      extra = tuple(f"{r.lhs} == {r.rhs}" for r in implied)
+      cons = constraints_lib.parse_constraints(cons.source + extra,
+                                               variables=[v for v, _, _ in cons.bounds])
+    return cons, tuple(relations), tuple(implied)
+
+  # -- queries --
+  def bytes(self, value: int | Poly) -> Poly:
+    """Symbolic bytes of a value id (reduced by the constraints)."""
+    p = self.values[value].bytes if isinstance(value, int) else value
+    return self.constraints.reduce(p)
+
+  def compare(self, a: int | Poly | str, b: int | Poly | str) -> compare_lib.Ordering:
+    """Compares two values' byte sizes (value ids) or two size expressions."""
+    pa = self.bytes(a) if isinstance(a, int) and a in self.values else jax_dims.to_poly(a)
+    pb = self.bytes(b) if isinstance(b, int) and b in self.values else jax_dims.to_poly(b)
+    return compare_lib.compare_polys(pa, pb, self.constraints)
+
+  def evaluate(self, p: int | Poly, **dims: int) -> int:
+    """Exact value of a size (value id or Poly) at concrete dims."""
+    poly = self.values[p].bytes if isinstance(p, int) else p
+    env = self.constraints.complete(dims)
+    return poly.evaluate(env)
+
+  def largest(self, n: int = 10, **dims: int) -> list[ValueInfo]:
+    """The n largest values at the given dims (default: the largest allowed dims)."""
+    env = dims or self.max_dims()
+    return sorted(self.values.values(), key=lambda v: -self.evaluate(v.bytes, **env))[:n]
+
+  def max_dims(self) -> dict[str, int]:
+    """The largest allowed value of every bounded dim (unbounded dims: their lower bound)."""
+    return {v: (hi if hi is not None else lo) for v, lo, hi in self.constraints.bounds}
+
+  @functools.cached_property
+  def _distinct_sizes(self) -> int:
+    return len({self.bytes(v.id) for v in self.values.values()})
+
+  def stats(self) -> dict[str, int]:
+    return {
+        "values": len(self.values),
+        "nodes": sum(1 for _ in self.traced.program.walk()),
+        "symbols": len(self.dims),
+        "constraints": len(self.traced.constraints.source),
+        "relations": len(self.relations),
+        "implied_relations": len(self.implied),
+        "distinct_size_expressions": self._distinct_sizes,
+    }

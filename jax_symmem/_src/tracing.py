@@ -1,0 +1,421 @@
+"""Tracing with symbolic dimensions into a flat, frozen program.
+
+`trace` runs `jax.make_jaxpr` on `jax.export.symbolic_args_specs` and flattens
+the result into a `Program`: call-like primitives (jit/pjit, closed_call,
+custom_jvp/custom_vjp calls, remat) are inlined, because for memory they are
+just their bodies; control flow (scan, while, cond) stays one node whose bodies
+are flattened too (`Node.subprograms`). Downstream stages see only `Program`,
+`Node` and `Const`, never `jax.core` objects beyond primitives and avals.
+
+Together with `jax_dims.py` this is the only module that touches private JAX
+internals (`jax._src.source_info_util`, the jaxpr data structures).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import os
+import traceback
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+from jax import export
+import jax.extend.core as jcore
+from jax._src import core as _jax_core
+from jax._src import source_info_util
+
+from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import constraints as constraints_lib
+from jax_symmem._src import jax_dims
+from jax_symmem._src.errors import ShapeError, ShapeSpecError, TracingError
+from jax_symmem._src.poly import Poly, Var
+
+# --- Program IR ----------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+  """A literal or closed-over constant used as an operand."""
+  value: Any
+  aval: Any
+
+
+Operand = Any  # int (a value id) | Const
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Node:
+  """One primitive application. Value ids are unique across a whole Program tree."""
+  index: int
+  primitive: jcore.Primitive
+  params: Mapping[str, Any]
+  inputs: tuple[Operand, ...]
+  outputs: tuple[int, ...]
+  source: str
+  effects: frozenset = frozenset()
+  subprograms: tuple["Program", ...] = ()
+
+  @property
+  def name(self) -> str:
+    return self.primitive.name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+  """A flat program: inputs, nodes in trace order, outputs, and every value's aval."""
+  inputs: tuple[int, ...]
+  nodes: tuple[Node, ...]
+  outputs: tuple[Operand, ...]
+  avals: Mapping[int, Any]
+
+  def value_ids(self) -> tuple[int, ...]:
+    return self.inputs + tuple(v for n in self.nodes for v in n.outputs)
+
+  def walk(self):
+    """Yields (program, node) for this program and every nested subprogram."""
+    for n in self.nodes:
+      yield self, n
+      for sub in n.subprograms:
+        yield from sub.walk()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TracedProgram:
+  """The result of `trace`: a program with symbolic shapes and how to call it."""
+  fun: Callable
+  fun_name: str
+  program: Program
+  closed_jaxpr: jcore.ClosedJaxpr
+  in_specs: Any             # pytree of jax.ShapeDtypeStruct with symbolic dims
+  in_tree: Any
+  out_tree: Any
+  dims: tuple[str, ...]
+  constraints: constraints_lib.Constraints
+
+  def bind_dims(self, *args) -> dict[str, int]:
+    """Solves the dims from concrete arguments and checks them against the constraints."""
+    spec_leaves = jax.tree_util.tree_leaves(self.in_specs)
+    paths_args = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+    if len(paths_args) != len(spec_leaves):
+      raise ShapeError(f"expected {len(spec_leaves)} array arguments, got {len(paths_args)}")
+    equations = []   # (Poly, concrete size, argument path)
+    for (path, arg), spec in zip(paths_args, spec_leaves):
+      shape = tuple(getattr(arg, "shape", ()))
+      if len(shape) != len(spec.shape):
+        raise ShapeError(f"argument args{jax.tree_util.keystr(path)} has shape {shape}, "
+                         f"expected rank {len(spec.shape)} ({spec.shape})")
+      equations += [(jax_dims.to_poly(d), int(n), jax.tree_util.keystr(path))
+                    for d, n in zip(spec.shape, shape)]
+    env: dict[str, int] = {}
+    for _ in range(len(equations) + 1):   # solve one linear unknown at a time
+      progress = False
+      for p, n, _ in equations:
+        unknown = p.variables() - env.keys()
+        if len(unknown) != 1 or p.degree() != 1:
+          continue
+        (v,) = unknown
+        coeff = p.as_dict().get(((Var(v), 1),))
+        if coeff is None:
+          continue
+        rest = (p - coeff * Poly.var(v)).evaluate(env)
+        if (n - rest) % coeff == 0:
+          env[v] = (n - rest) // coeff
+          progress = True
+      if not progress:
+        break
+    for p, n, where in equations:
+      if not p.variables() <= env.keys():
+        raise ShapeError(f"cannot solve dimension {p} from argument args{where}")
+      if p.evaluate(env) != n:
+        raise ShapeError(f"argument args{where} has size {n} where the spec says {p} "
+                         f"(= {p.evaluate(env)} with {env})")
+    problem = self.constraints.violation(self.constraints.complete(env))
+    if problem is not None:
+      raise ShapeError(f"shape outside the declared constraints: {problem}")
+    return env
+
+  def specialize(self, **dims: int) -> Program:
+    """The program at concrete dims: same nodes and value ids, concrete params and avals.
+
+    Symbolic plans refer to node indices and value ids of `program`, so they
+    apply unchanged to the specialized program, which runs op by op.
+    """
+    return specialize_program(self.program, self.constraints.complete(dims))
+
+  def __str__(self) -> str:
+    return (f"TracedProgram({self.fun_name}: dims {', '.join(self.dims)}; "
+            f"{sum(1 for _ in self.program.walk())} nodes; constraints {self.constraints})")
+
+
+# --- Inlining rules ------------------------------------------------------------
+# primitive name -> params -> (body jaxpr, body consts). Call-like primitives whose
+# body is evaluated exactly once on the node's operands.
+
+def _closed(j):
+  return (j.jaxpr, j.consts) if isinstance(j, jcore.ClosedJaxpr) else (j, ())
+
+_INLINE_RULES: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Sequence[Any]]]] = {
+    "pjit": lambda p: _closed(p["jaxpr"]),
+    "jit": lambda p: _closed(p["jaxpr"]),
+    "closed_call": lambda p: _closed(p["call_jaxpr"]),
+    "core_call": lambda p: _closed(p["call_jaxpr"]),
+    "remat2": lambda p: _closed(p["jaxpr"]),
+    "checkpoint": lambda p: _closed(p["jaxpr"]),
+    "custom_jvp_call": lambda p: _closed(p["call_jaxpr"]),
+    "custom_vjp_call": lambda p: _closed(p["call_jaxpr"]),
+    "custom_vjp_call_jaxpr": lambda p: _closed(p["fun_jaxpr"]),
+}
+
+# Control flow keeps its node; these name the params holding bodies to analyse.
+_BODY_PARAMS: dict[str, tuple[str, ...]] = {
+    "scan": ("jaxpr",),
+    "while": ("cond_jaxpr", "body_jaxpr"),
+    "cond": ("branches",),
+}
+
+
+def _source(eqn) -> str:
+  return source_info_util.summarize(eqn.source_info)
+
+
+class _Flattener:
+  """Builds a Program tree from a jaxpr, with globally unique value ids."""
+
+  def __init__(self):
+    self._ids = itertools.count()
+
+  def new_id(self) -> int:
+    return next(self._ids)
+
+  def program(self, jaxpr, consts: Sequence[Any]) -> Program:
+    avals: dict[int, Any] = {}
+    env: dict[Any, Operand] = {}
+    for v, c in zip(jaxpr.constvars, consts):
+      env[v] = Const(c, v.aval)
+    inputs = []
+    for v in jaxpr.invars:
+      i = self.new_id()
+      env[v] = i
+      avals[i] = v.aval
+      inputs.append(i)
+    nodes: list[Node] = []
+    self._emit(jaxpr.eqns, env, avals, nodes)
+    outputs = tuple(self._read(env, v) for v in jaxpr.outvars)
+    return Program(tuple(inputs), tuple(nodes), outputs, avals)
+
+  @staticmethod
+  def _read(env, v) -> Operand:
+    if isinstance(v, jcore.Literal):
+      return Const(v.val, v.aval)
+    return env[v]
+
+  def _emit(self, eqns, env, avals, nodes) -> None:
+    for eqn in eqns:
+      ins = [self._read(env, v) for v in eqn.invars]
+      rule = _INLINE_RULES.get(eqn.primitive.name)
+      if rule is not None:
+        body, consts = rule(eqn.params)
+        inner_env: dict[Any, Operand] = {}
+        for v, c in zip(body.constvars, consts):
+          inner_env[v] = Const(c, v.aval)
+        for v, x in zip(body.invars, ins):
+          inner_env[v] = x
+        self._emit(body.eqns, inner_env, avals, nodes)
+        for outer, inner in zip(eqn.outvars, body.outvars):
+          if not isinstance(outer, jcore.DropVar):
+            env[outer] = self._read(inner_env, inner)
+        continue
+      subprograms = []
+      for key in _BODY_PARAMS.get(eqn.primitive.name, ()):
+        bodies = eqn.params[key]
+        for b in (bodies if isinstance(bodies, (tuple, list)) else (bodies,)):
+          subprograms.append(self.program(*_closed(b)))
+      outs = []
+      for v in eqn.outvars:
+        i = self.new_id()
+        avals[i] = v.aval
+        outs.append(i)
+        if not isinstance(v, jcore.DropVar):
+          env[v] = i
+      nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
+                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn),
+                        effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
+
+
+def flatten(closed_jaxpr: jcore.ClosedJaxpr) -> Program:
+  """Flattens a closed jaxpr into a Program (call primitives inlined)."""
+  return _Flattener().program(closed_jaxpr.jaxpr, closed_jaxpr.consts)
+
+
+# --- Specialization to concrete dims -------------------------------------------------
+
+
+def _concrete_dim(d, env: Mapping[str, int]) -> int:
+  return jax_dims.to_poly(d).evaluate(env) if jax_dims.is_symbolic(d) else d
+
+
+def _concrete_aval(aval, env):
+  shape = getattr(aval, "shape", None)
+  if shape is None or not any(jax_dims.is_symbolic(d) for d in shape):
+    return aval
+  return aval.update(shape=tuple(_concrete_dim(d, env) for d in shape))
+
+
+# Primitives whose own impl refuses to run outside jax.export; evaluated here instead.
+_CONCRETE_IMPLS: dict[str, Callable[..., Any]] = {
+    "dim_as_value": lambda dim: jax.numpy.asarray(dim, dtype=_jax_core.dim_value_aval().dtype),
+}
+
+
+def bind(primitive, args: Sequence[Any], params: Mapping[str, Any]) -> list[Any]:
+  """`primitive.bind` on concrete params, returning a list of outputs."""
+  impl = _CONCRETE_IMPLS.get(primitive.name)
+  if impl is not None:
+    return [impl(*args, **params)]
+  outs = primitive.bind(*args, **params)
+  return list(outs) if primitive.multiple_results else [outs]
+
+
+def _eval_jaxpr_concrete(jaxpr, consts, args, env):
+  values = dict(zip(jaxpr.constvars, consts))
+  values.update(zip(jaxpr.invars, args))
+  read = lambda v: v.val if isinstance(v, jcore.Literal) else values[v]
+  for eqn in jaxpr.eqns:
+    values.update(zip(eqn.outvars, bind(eqn.primitive, [read(v) for v in eqn.invars],
+                                        concrete_params(eqn.params, env))))
+  return [read(v) for v in jaxpr.outvars]
+
+
+def _concrete_jaxpr(j, env):
+  jaxpr, consts = _closed(j)
+  specs = [jax.ShapeDtypeStruct(_concrete_aval(v.aval, env).shape, v.aval.dtype)
+           for v in jaxpr.invars]
+  closed = jax.make_jaxpr(lambda *a: _eval_jaxpr_concrete(jaxpr, consts, a, env))(*specs)
+  if isinstance(j, jcore.ClosedJaxpr):
+    return closed
+  if closed.consts:
+    raise TracingError("an open jaxpr body captured constants after specialization")
+  return closed.jaxpr
+
+
+def concrete_params(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[str, Any]:
+  """Params with every symbolic dim evaluated, nested jaxprs re-traced at concrete shapes."""
+  def conv(x):
+    if jax_dims.is_symbolic(x):
+      return _concrete_dim(x, env)
+    if isinstance(x, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      return _concrete_jaxpr(x, env)
+    if isinstance(x, tuple):
+      items = [conv(y) for y in x]
+      return type(x)(*items) if hasattr(x, "_fields") else tuple(items)  # keep NamedTuples
+    if isinstance(x, list):
+      return [conv(y) for y in x]
+    return x
+  return {k: conv(v) for k, v in params.items()}
+
+
+def specialize_program(program: Program, env: Mapping[str, int]) -> Program:
+  nodes = tuple(dataclasses.replace(
+      n, params=concrete_params(n.params, env),
+      subprograms=tuple(specialize_program(p, env) for p in n.subprograms))
+      for n in program.nodes)
+  avals = {i: _concrete_aval(a, env) for i, a in program.avals.items()}
+  return Program(program.inputs, nodes, program.outputs, avals)
+
+
+# --- trace -----------------------------------------------------------------------
+
+
+def _user_frame(tb) -> str | None:
+  """The innermost frame of the user's code in a traceback (not JAX, not us)."""
+  skip = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
+          os.sep + "jaxlib" + os.sep, "<frozen ")
+  found = None
+  for frame in traceback.extract_tb(tb):
+    if not any(s in frame.filename for s in skip):
+      found = f"{frame.filename}:{frame.lineno} ({frame.name}): {frame.line}"
+  return found
+
+
+def _advice(e: BaseException) -> str:
+  msg = str(e)
+  if "Cannot divide evenly" in msg:
+    return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
+            "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
+            "constraint, and write the reshape with the symbolic dims")
+  if "is inconclusive" in msg:
+    return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
+            "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
+  if isinstance(e, jax.errors.ConcretizationTypeError):
+    return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
+            "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
+  return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _check_ranks(args, specs) -> None:
+  paths = jax.tree_util.tree_flatten_with_path(args)[0]
+  for (path, arg), spec in zip(paths, jax.tree_util.tree_leaves(specs)):
+    shape = getattr(arg, "shape", None)
+    if shape is not None and len(spec.shape) != len(shape):
+      raise ShapeSpecError(
+          f"the polymorphic shape for argument args{jax.tree_util.keystr(path)} has rank "
+          f"{len(spec.shape)} ({spec.shape}) but the argument has shape {tuple(shape)}; "
+          "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
+
+
+def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=()):
+  """`jax.export.symbolic_args_specs` with rank checks and clear errors."""
+  if isinstance(constraints, str):
+    constraints = (constraints,)
+  for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
+    if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
+      raise ShapeSpecError(
+          f"argument args{jax.tree_util.keystr(path)} is {type(leaf).__name__}, not an array; "
+          "pass arrays or jax.ShapeDtypeStruct, and mark non-array arguments static")
+  try:
+    specs = export.symbolic_args_specs(tuple(args), polymorphic_shapes,
+                                       constraints=tuple(constraints))
+  except ValueError as e:
+    raise ShapeSpecError(f"polymorphic_shapes {polymorphic_shapes!r} do not fit the arguments: {e}") from None
+  _check_ranks(tuple(args), specs)
+  return specs
+
+
+def trace(fun: Callable, *args, polymorphic_shapes, constraints=()) -> TracedProgram:
+  """Traces `fun` once with symbolic dimensions.
+
+  Args:
+    fun: the function to trace (e.g. a training step).
+    *args: arrays or `jax.ShapeDtypeStruct`s; only shapes and dtypes are used.
+    polymorphic_shapes: a pytree prefix of `args` with shape specs as in
+      `jax.export.symbolic_args_specs` ("b, s", "b, s, _"); None keeps an
+      argument static.
+    constraints: strings such as "s <= 4096", "b >= 2", "s == 128*k".
+
+  Returns:
+    A `TracedProgram` whose avals carry JAX symbolic dimensions.
+  """
+  specs = symbolic_specs(args, polymorphic_shapes, constraints)
+  dims: set[str] = set()
+  for leaf in jax.tree_util.tree_leaves(specs):
+    for d in leaf.shape:
+      if jax_dims.is_symbolic(d):
+        dims |= jax_dims.to_poly(d).variables()
+  cons = constraints_lib.parse_constraints(tuple(constraints), variables=dims)
+  compare_lib.check_feasible(cons)   # general inequalities that can never hold
+  name = getattr(fun, "__name__", type(fun).__name__)
+  try:
+    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
+  except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
+          TypeError, ValueError) as e:
+    where = _user_frame(e.__traceback__)
+    first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    raise TracingError(
+        f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
+        + (f" at {where}" if where else "") + f": {first}\nWhat to do: {_advice(e)}") from e
+  in_tree = jax.tree_util.tree_structure(tuple(args))
+  out_tree = jax.tree_util.tree_structure(out_shape)
+  return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,
+                       in_specs=specs, in_tree=in_tree, out_tree=out_tree,
+                       dims=tuple(sorted(dims)), constraints=cons)

@@ -1,0 +1,105 @@
+"""A small decoder-only transformer training step in plain JAX.
+
+Token embedding, RMSNorm, causal self-attention with s x s scores, a SwiGLU MLP
+and a masked next-token cross-entropy; `train_step` returns the loss and the
+SGD-updated parameters. Every shape follows the batch's (b, s), so one trace
+with symbolic dims covers every batch.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  vocab: int = 256
+  d_model: int = 64
+  n_heads: int = 4
+  d_ff: int = 172
+  n_layers: int = 2
+  dtype: str = "float32"
+
+  @property
+  def d_head(self) -> int:
+    return self.d_model // self.n_heads
+
+
+def init_params(key: jax.Array, cfg: Config) -> dict:
+  dt = jnp.dtype(cfg.dtype)
+  keys = iter(jax.random.split(key, 2 + 6 * cfg.n_layers))
+  def dense(shape):
+    return (jax.random.normal(next(keys), shape) / jnp.sqrt(shape[0])).astype(dt)
+  layers = []
+  for _ in range(cfg.n_layers):
+    layers.append({
+        "attn_norm": jnp.ones((cfg.d_model,), dt),
+        "wqkv": dense((cfg.d_model, 3 * cfg.d_model)),
+        "wo": dense((cfg.d_model, cfg.d_model)),
+        "mlp_norm": jnp.ones((cfg.d_model,), dt),
+        "w_gate": dense((cfg.d_model, cfg.d_ff)),
+        "w_up": dense((cfg.d_model, cfg.d_ff)),
+        "w_down": dense((cfg.d_ff, cfg.d_model)),
+    })
+  return {"embed": dense((cfg.vocab, cfg.d_model)), "layers": layers,
+          "final_norm": jnp.ones((cfg.d_model,), dt), "unembed": dense((cfg.d_model, cfg.vocab))}
+
+
+def rms_norm(x, scale, eps=1e-6):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
+
+
+def attention(x, layer, n_heads):
+  b, s, d = x.shape
+  qkv = x @ layer["wqkv"]
+  q, k, v = jnp.split(qkv, 3, axis=-1)
+  heads = lambda t: t.reshape(b, s, n_heads, d // n_heads).transpose(0, 2, 1, 3)
+  q, k, v = heads(q), heads(k), heads(v)
+  scores = jnp.einsum("bhqd,bhkd->bhqk", q, k) / jnp.sqrt(d // n_heads).astype(x.dtype)
+  causal = jnp.tril(jnp.ones((s, s), bool))
+  scores = jnp.where(causal, scores, jnp.finfo(x.dtype).min)
+  probs = jax.nn.softmax(scores, axis=-1)
+  out = jnp.einsum("bhqk,bhkd->bhqd", probs, v).transpose(0, 2, 1, 3).reshape(b, s, d)
+  return out @ layer["wo"]
+
+
+def mlp(x, layer):
+  return (jax.nn.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
+
+
+def forward(params, tokens, cfg: Config):
+  x = params["embed"][tokens]
+  for layer in params["layers"]:
+    x = x + attention(rms_norm(x, layer["attn_norm"]), layer, cfg.n_heads)
+    x = x + mlp(rms_norm(x, layer["mlp_norm"]), layer)
+  return rms_norm(x, params["final_norm"]) @ params["unembed"]
+
+
+def loss_fn(params, tokens, mask, cfg: Config):
+  """Masked next-token cross-entropy: position t predicts token t+1."""
+  logits = forward(params, tokens, cfg)[:, :-1]
+  targets, weights = tokens[:, 1:], mask[:, 1:].astype(logits.dtype)
+  logp = jax.nn.log_softmax(logits, axis=-1)
+  nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+  return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
+def make_train_step(cfg: Config, learning_rate: float = 1e-2):
+  """A `(params, tokens, mask) -> (loss, new_params)` SGD step."""
+  def train_step(params, tokens, mask):
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, mask, cfg)
+    new_params = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
+    return loss, new_params
+  return train_step
+
+
+def example_args(cfg: Config, batch: int, seq: int, seed: int = 0):
+  """Concrete (params, tokens, mask) for one batch."""
+  key = jax.random.PRNGKey(seed)
+  params = init_params(key, cfg)
+  tokens = jax.random.randint(jax.random.fold_in(key, 1), (batch, seq), 0, cfg.vocab, jnp.int32)
+  mask = jnp.ones((batch, seq), jnp.float32)
+  return params, tokens, mask

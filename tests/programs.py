@@ -1,0 +1,86 @@
+"""Small programs with symbolic dims shared by the memory, executor and schedule tests."""
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jax_symmem.examples import transformer
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+  name: str
+  fun: Callable
+  make_args: Callable[..., tuple]      # (**dims) -> concrete args
+  polymorphic_shapes: Any
+  constraints: tuple[str, ...]
+  shapes: tuple[dict, ...]            # >= 5 concrete dims each
+
+
+def _rand(*shape, seed=0):
+  return jnp.asarray(np.random.RandomState(seed).randn(*shape).astype(np.float32))
+
+
+def _mlp(x, w1, w2, w3):
+  h = jnp.tanh(x @ w1)
+  h = jax.nn.gelu(h @ w2)
+  return jnp.sum((h @ w3) ** 2)
+
+
+def _attention(x, wq, wk, wv):
+  q, k, v = x @ wq, x @ wk, x @ wv
+  s = x.shape[1]
+  scores = jnp.einsum("bqd,bkd->bqk", q, k) / 8.0
+  scores = jnp.where(jnp.tril(jnp.ones((s, s), bool)), scores, -1e9)
+  return jnp.mean(jax.nn.softmax(scores, axis=-1) @ v)
+
+
+def _scan(xs, w):
+  def body(c, x):
+    h = jnp.tanh(x @ w + c)
+    return h, jnp.sum(h * h, axis=-1)
+  c, ys = jax.lax.scan(body, jnp.zeros((xs.shape[1], w.shape[1])), xs)
+  return jnp.sum(c) + jnp.sum(ys)
+
+
+def _cond(x, w):
+  big = lambda x: jnp.sum(jnp.tanh(x @ w) @ w.T)
+  small = lambda x: jnp.sum(x) * 2.0
+  return jax.lax.cond(jnp.sum(x) > 0, big, small, x)
+
+
+_TCFG = transformer.Config(vocab=61, d_model=16, n_heads=2, d_ff=40, n_layers=2)
+
+
+def _transformer_args(b, s):
+  return transformer.example_args(_TCFG, b, s)
+
+
+D = 24
+CASES = (
+    Case("mlp_grad", jax.grad(_mlp, argnums=(1, 2, 3)),
+         lambda b: (_rand(b, D), _rand(D, 4 * D, seed=1), _rand(4 * D, D, seed=2), _rand(D, D, seed=3)),
+         ("b, _", None, None, None), ("b <= 512",),
+         ({"b": 1}, {"b": 3}, {"b": 16}, {"b": 100}, {"b": 512})),
+    Case("attention_grad", jax.grad(_attention, argnums=(0, 1)),
+         lambda b, s: (_rand(b, s, 8), _rand(8, 8, seed=1), _rand(8, 8, seed=2), _rand(8, 8, seed=3)),
+         ("b, s, _", None, None, None), ("b <= 8", "s <= 128"),
+         ({"b": 1, "s": 1}, {"b": 2, "s": 5}, {"b": 3, "s": 17}, {"b": 8, "s": 64},
+          {"b": 5, "s": 128})),
+    Case("transformer_step", transformer.make_train_step(_TCFG), _transformer_args,
+         (None, "b, s", "b, s"), ("s >= 2", "b <= 8", "s <= 64"),
+         ({"b": 1, "s": 2}, {"b": 2, "s": 7}, {"b": 3, "s": 16}, {"b": 8, "s": 9},
+          {"b": 4, "s": 64})),
+    Case("scan", jax.value_and_grad(_scan, argnums=1),
+         lambda t, b: (_rand(t, b, D), _rand(D, D, seed=1)),
+         ("t, b, _", None), ("t <= 64", "b <= 64"),
+         ({"t": 1, "b": 1}, {"t": 3, "b": 2}, {"t": 10, "b": 7}, {"t": 64, "b": 3},
+          {"t": 5, "b": 64})),
+    Case("cond", jax.grad(_cond, argnums=1),
+         lambda b: (jnp.abs(_rand(b, D)), _rand(D, 2 * D, seed=1)),
+         ("b, _", None), ("b <= 256",),
+         ({"b": 1}, {"b": 2}, {"b": 9}, {"b": 77}, {"b": 256})),
+)

@@ -1,0 +1,291 @@
+"""The exact comparison against brute-force enumeration, plus the cases that matter.
+
+Every answer of a randomized test is checked exactly: GE/LE/EQ against every
+allowed point, DEPENDS witnesses by evaluation and the constraints, pieces
+against the sign at every point. The brute force reads the constraint strings
+itself (parse both sides, evaluate, compare), so it does not share
+`parse_constraints`' normalization with the code under test.
+"""
+
+import functools
+import itertools
+import random
+import re
+
+import hypothesis
+import pytest
+from hypothesis import strategies as st
+from jax import export
+
+from jax_symmem import symbolic
+from jax_symmem._src import compare as compare_lib
+from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.jax_dims import InconclusiveDimensionOperation, parse
+from jax_symmem._src.poly import Poly
+from jax_symmem.symbolic import Ordering, Piece, compare
+
+b, s, h, k = (Poly.var(n) for n in "bshk")
+
+
+# --------------------------------------------------------------------------
+# Brute force
+# --------------------------------------------------------------------------
+_REL = re.compile(r"(==|>=|<=|>|<)")
+
+
+@functools.lru_cache(maxsize=None)
+def _relation(constraint: str):
+  lhs, rel, rhs = _REL.split(constraint)
+  return parse(lhs.strip()), rel, parse(rhs.strip())
+
+
+def _holds(constraint: str, env) -> bool:
+  lhs, rel, rhs = _relation(constraint)
+  x, y = lhs.evaluate(env), rhs.evaluate(env)
+  return {"==": x == y, ">=": x >= y, "<=": x <= y, ">": x > y, "<": x < y}[rel]
+
+
+def _allowed_points(ranges, constraints):
+  names = sorted(ranges)
+  for values in itertools.product(*(range(1, ranges[n] + 1) for n in names)):
+    env = dict(zip(names, values))
+    if all(_holds(c, env) for c in constraints):
+      yield env
+
+
+def _sign(v):
+  return (v > 0) - (v < 0)
+
+
+def check_against_brute_force(lhs, rhs, constraints, ranges, *, exhaustive=True) -> Ordering:
+  """Compares, then checks the answer at every allowed point of `ranges` (each var in [1, n]).
+
+  With exhaustive=False `ranges` covers only part of the allowed set (unbounded
+  dims): claims are checked where it reaches, witnesses everywhere.
+  """
+  o = compare(lhs, rhs, constraints=constraints)
+  lp, rp = Poly.lift(lhs) if not isinstance(lhs, str) else parse(lhs), \
+      Poly.lift(rhs) if not isinstance(rhs, str) else parse(rhs)
+  points = [(env, _sign(lp.evaluate(env) - rp.evaluate(env)))
+            for env in _allowed_points(ranges, constraints)]
+  signs = {sg for _, sg in points}
+  where = f"{lhs} vs {rhs} under {constraints}: {o!r}"
+  assert o.kind in ("GE", "LE", "EQ", "DEPENDS", "UNKNOWN"), where
+  if o.kind == "GE":
+    assert -1 not in signs, where
+  if o.kind == "LE":
+    assert 1 not in signs, where
+  if o.kind == "EQ":
+    assert signs <= {0}, where
+  if o.kind == "DEPENDS":
+    for w, want in ((o.witness_gt, 1), (o.witness_lt, -1)):
+      assert w is not None, where
+      assert all(_holds(c, w) for c in constraints), where
+      assert all(w[n] >= 1 for n in w), where
+      assert _sign(lp.evaluate(w) - rp.evaluate(w)) == want, where
+  else:
+    assert o.kind != "UNKNOWN" or (not o.decided and not o.pieces), where
+  if exhaustive and points and o.kind in ("GE", "LE"):
+    assert signs != {0}, f"EQ holds but {o.kind} was answered: {where}"
+  if o.pieces:
+    assert o.kind != "UNKNOWN" and o.dim is not None, where
+    for p, q in zip(o.pieces, o.pieces[1:]):
+      assert p.hi is not None and q.lo == p.hi + 1 and p.sign != q.sign, where
+    assert o.pieces[-1].hi is None or not exhaustive or o.pieces[-1].hi >= max(
+        env[o.dim] for env, _ in points), where
+    for env, sg in points:
+      assert o.sign_at(env[o.dim]) == sg, f"at {env}: {where}"
+    piece_signs = {p.sign for p in o.pieces}
+    assert o.kind == {frozenset({0}): "EQ", frozenset({0, 1}): "GE", frozenset({1}): "GE",
+                      frozenset({0, -1}): "LE", frozenset({-1}): "LE"}.get(
+                          frozenset(piece_signs), "DEPENDS"), where
+  return o
+
+
+# --------------------------------------------------------------------------
+# Randomized agreement
+# --------------------------------------------------------------------------
+def _random_poly(rng, dims, max_terms=3, atoms=()):
+  p = Poly.const(rng.randint(-6, 6))
+  for _ in range(rng.randint(1, max_terms)):
+    t = Poly.const(rng.choice([-7, -3, -2, -1, 1, 1, 2, 3, 4, 8]))
+    for _ in range(rng.randint(1, 3)):
+      t = t * rng.choice(list(dims) + list(atoms))
+    p = p + t
+  return p
+
+
+@hypothesis.settings(max_examples=150, deadline=None, derandomize=True)
+@hypothesis.given(st.integers(0, 10 ** 9), st.integers(2, 3), st.sampled_from([(5, 7, 4), (9, 3, 6)]))
+def test_pure_polynomials_agree_with_brute_force(seed, ndims, sizes):
+  rng = random.Random(seed)
+  dims = [b, s, h][:ndims]
+  names = ["b", "s", "h"][:ndims]
+  ranges = dict(zip(names, sizes))
+  constraints = [f"{n} <= {m}" for n, m in ranges.items()]
+  o = check_against_brute_force(_random_poly(rng, dims), _random_poly(rng, dims), constraints, ranges)
+  assert o.decided
+
+
+def _atom_pool(rng):
+  return [s.floordiv(2), s.mod(3), b.max(s), b.min(h), (b * s).floordiv(4), s.floordiv(b),
+          (s + h).mod(4), b.max(2), s.floordiv(-3)]
+
+
+@pytest.mark.parametrize("chunk", range(4))
+def test_operation_atoms_agree_with_brute_force(chunk):
+  rng = random.Random(chunk)
+  ranges = {"b": 4, "s": 9, "h": 3}
+  constraints = ["b <= 4", "s <= 9", "h <= 3"]
+  decided = 0
+  for _ in range(40):
+    atoms = rng.sample(_atom_pool(rng), 2)
+    lhs = _random_poly(rng, [b, s, h], 2, atoms)
+    rhs = _random_poly(rng, [b, s, h], 2, atoms)
+    decided += check_against_brute_force(lhs, rhs, constraints, ranges).decided
+  assert decided >= 30
+
+
+@pytest.mark.parametrize("constraints,ranges", [
+    (["s == 2*k", "k <= 5", "s <= 10", "b <= 4"], {"b": 4, "s": 10, "k": 5}),
+    (["b*s >= 6", "b <= 5", "s <= 6"], {"b": 5, "s": 6}),
+    (["s <= b + 3", "b <= 5", "s <= 8", "b >= 2"], {"b": 5, "s": 8}),
+    (["s == 3*k + 1", "k <= 4", "s <= 13", "b <= 3"], {"b": 3, "s": 13, "k": 4}),
+])
+def test_constraints_agree_with_brute_force(constraints, ranges):
+  rng = random.Random(str(constraints))
+  dims = [Poly.var(n) for n in sorted(ranges)]
+  atoms = [s.floordiv(2), s.mod(2), b.max(s)]
+  for i in range(60):
+    lhs = _random_poly(rng, dims, 3, atoms if i % 3 == 0 else ())
+    rhs = _random_poly(rng, dims, 3, atoms if i % 3 == 0 else ())
+    check_against_brute_force(lhs, rhs, constraints, ranges)
+
+
+def test_unbounded_dims_agree_on_a_sub_box():
+  rng = random.Random(7)
+  undecided = 0
+  for _ in range(150):
+    lhs, rhs = _random_poly(rng, [b, s]), _random_poly(rng, [b, s])
+    o = check_against_brute_force(lhs, rhs, [], {"b": 12, "s": 40}, exhaustive=False)
+    undecided += not o.decided
+  assert undecided <= 3
+
+
+# --------------------------------------------------------------------------
+# Specific cases
+# --------------------------------------------------------------------------
+def test_breakpoint_example():
+  o = check_against_brute_force("11008*b*s", "32*b*s^2", ["s <= 4096", "b <= 64"],
+                                {"b": 2, "s": 4096}, exhaustive=False)
+  assert o.kind == "DEPENDS" and o.dim == "s" and o.method == "univariate"
+  assert o.pieces == (Piece(1, 343, 1), Piece(344, 344, 0), Piece(345, 4096, -1))
+  assert o.breakpoints == (344, 345)
+  assert str(o) == ("DEPENDS: lhs > rhs for s in [1, 343]; lhs == rhs at s = 344; "
+                    "lhs < rhs for s in [345, 4096]")
+  assert o.sign_at(344) == 0 and o.sign_at(4097) is None
+
+
+def test_ge_that_jax_cannot_decide():
+  bb, ss = export.symbolic_shape("b, s")
+  with pytest.raises(InconclusiveDimensionOperation):
+    bool(bb * ss >= ss)
+  o = compare(bb * ss, ss)
+  assert o.kind == "GE" and o.decided
+  assert o.pieces == (Piece(1, 1, 0), Piece(2, None, 1)) and o.dim == "b"
+  assert compare(ss, bb * ss).kind == "LE"
+
+
+def test_equal_after_substitution():
+  cons = ("s == 128*k", "s <= 4096")
+  assert compare("s*h", "128*k*h", constraints=cons).kind == "EQ"
+  assert compare("floordiv(s, 128)", "k", constraints=cons).kind == "EQ"
+  assert compare("mod(s, 128) + 4*s", "512*k", constraints=cons).kind == "EQ"
+  o = compare("s^2", "4096*k", constraints=cons)   # 16384*k^2 vs 4096*k
+  assert o.kind == "GE" and o.dim == "k" and o.pieces == (Piece(1, 32, 1),)
+  assert compare("2*floordiv(s, 2) + mod(s, 2)", "s").kind == "EQ"
+
+
+def test_unbounded_dims():
+  o = compare("s^2", "300*s")
+  assert o.kind == "DEPENDS" and o.pieces == (Piece(1, 299, -1), Piece(300, 300, 0), Piece(301, None, 1))
+  assert str(o).endswith("lhs > rhs for s >= 301")
+  assert compare("s^2 - 100*s + 2500 + b", "1").kind == "GE"     # (s-50)^2 + b - 1, touches 0
+  assert compare((s - 50) ** 2 + (b - 3) ** 2, 0).kind == "GE"
+  o = compare("b*s", "s + b")                                     # (b-1)(s-1) - 1
+  assert o.kind == "DEPENDS" and o.witness_gt and o.witness_lt
+  assert compare("b*s*h", "b + s + h - 2").kind == "GE"
+  assert compare("max(b, s)", "s").kind == "GE"
+  assert compare("min(b, s)", "s").kind == "LE"
+
+
+def test_input_kinds():
+  bb, ss = export.symbolic_shape("b, s")
+  assert compare(4096, "s", constraints=["s <= 4096"]).kind == "GE"
+  assert compare(4097, "s", constraints=["s <= 4096"]).kind == "GE"
+  assert compare(4095, "s", constraints=["s <= 4096"]).kind == "DEPENDS"
+  assert compare(3, 3).kind == "EQ" and compare(3, 3).method == "constant"
+  assert compare(2 * bb * ss, b * s * 2).kind == "EQ"
+  assert compare(Poly.var("s"), "s").kind == "EQ"
+  cons = symbolic.parse_constraints(["s <= 16"], variables=["s"])
+  assert compare("s", 16, constraints=cons).kind == "LE"
+  with pytest.raises(ConstraintError):
+    compare("s", 1, constraints="s <= 16")   # a string, not a sequence of strings
+
+
+def test_witnesses_are_full_assignments():
+  o = compare("s*s", "256*k", constraints=["s == 16*k", "b <= 3", "b*k >= 2"])
+  assert o.kind == "DEPENDS" or o.kind == "GE"
+  o = compare("h", "4*k", constraints=["s == 16*k", "b*k >= 2", "h <= 100"])
+  assert o.kind == "DEPENDS"
+  for w in (o.witness_gt, o.witness_lt):
+    assert set(w) == {"b", "h", "k", "s"} and w["s"] == 16 * w["k"] and w["b"] * w["k"] >= 2
+
+
+def test_general_inequalities():
+  cons = ["b*s >= 200", "b <= 64", "s <= 4096"]
+  assert compare("b*s", 100, constraints=cons).kind == "GE"
+  assert compare("b*s", 300, constraints=cons).kind == "DEPENDS"
+  assert symbolic.is_feasible(cons) is True
+  bad = ["b*s >= 100000", "b <= 64", "s <= 1024"]
+  assert symbolic.is_feasible(bad) is False
+  with pytest.raises(ConstraintError, match="can never hold"):
+    symbolic.check_feasible(bad)
+  symbolic.check_feasible(cons)
+  symbolic.check_feasible(["s <= 8"])
+
+
+def test_unknown_is_never_a_claim(monkeypatch):
+  monkeypatch.setattr(compare_lib, "_BOX_BUDGET", 1)
+  compare_lib.compare_polys.cache_clear()
+  try:
+    o = compare("s^2 - 100*s + 2500 + b", "1", constraints=["s <= 4096", "b <= 64"])
+  finally:
+    compare_lib.compare_polys.cache_clear()
+  assert o.kind == "UNKNOWN" and not o.decided and o.method == "budget"
+  assert o.pieces == () and o.breakpoints == () and "UNKNOWN" in str(o)
+
+
+def test_ordering_is_read_only_and_cached():
+  o1 = compare("11008*b*s", "32*b*s^2", constraints=["s <= 4096"])
+  o2 = compare("11008*b*s", "32*b*s^2", constraints=["s <= 4096"])
+  assert o1 is o2
+  with pytest.raises(TypeError):
+    o1.witness_gt["s"] = 1
+
+
+def test_decided_share_on_realistic_pairs():
+  rng = random.Random(1)
+  byte_sizes = [1, 2, 4, 8, 32, 128, 4096, 11008, 8192, 44032]
+  cons = symbolic.parse_constraints(["b <= 64", "s <= 4096", "h <= 64"], variables="bsh")
+
+  def side():
+    p = Poly.const(0)
+    for _ in range(rng.randint(1, 3)):
+      t = Poly.const(rng.choice(byte_sizes))
+      for _ in range(rng.randint(1, 3)):
+        t = t * rng.choice([b, s, h])
+      p = p + t
+    return p
+  results = [compare(side(), side(), constraints=cons) for _ in range(300)]
+  assert sum(o.decided for o in results) >= 297

@@ -1,0 +1,100 @@
+"""The memory model against the reference executor: equal, step by step, at every shape."""
+
+import functools
+
+import jax
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import executor
+from jax_symmem._src import memory
+from jax_symmem._src import schedule
+from tests.programs import CASES
+
+CASE_IDS = [c.name for c in CASES]
+
+
+@functools.lru_cache(maxsize=None)
+def _analysis(name):
+  case = next(c for c in CASES if c.name == name)
+  args = case.make_args(**case.shapes[-1])
+  traced = symmem.trace(case.fun, *args, polymorphic_shapes=case.polymorphic_shapes,
+                        constraints=case.constraints)
+  graph = symmem.shape_graph(traced)
+  return case, traced, graph
+
+
+@pytest.mark.parametrize("name", CASE_IDS)
+def test_model_equals_reference_executor_at_every_step(name):
+  case, traced, graph = _analysis(name)
+  order = schedule.schedule(graph).order
+  # Every shape in trace order; the scheduled order at the extremes (same code path).
+  for order_name, o, shapes in (("trace", None, case.shapes),
+                                ("scheduled", order, case.shapes[::len(case.shapes) - 1])):
+    prof = memory.profile(graph, order=o)
+    for dims in shapes:
+      args = case.make_args(**dims)
+      run = executor.execute(traced, args, order=o)
+      assert prof.arguments.evaluate(graph.constraints.complete(dims)) == run.arguments
+      assert prof.live_bytes(include_transients=False, **dims) == list(run.live_during), (
+          order_name, dims)
+      assert prof.peak_bytes(include_transients=False, **dims) == run.peak
+      # ... and it computes what jax.jit computes (op by op, so XLA's fusion rounds
+      # differently: float32 tolerance relative to each output's scale).
+      for got, want in zip(jax.tree_util.tree_leaves(run.outputs),
+                           jax.tree_util.tree_leaves(jax.jit(case.fun)(*args))):
+        scale = float(np.max(np.abs(want), initial=1.0))
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+@pytest.mark.parametrize("name", ["scan", "cond"])
+def test_control_flow_bodies_add_their_working_set(name):
+  case, traced, graph = _analysis(name)
+  prof = memory.profile(graph)
+  flow = [s for s in prof.steps if traced.program.nodes[s.node].subprograms]
+  assert flow
+  dims = case.shapes[-1]
+  env = graph.constraints.complete(dims)
+  assert any(s.transient.evaluate(env) > 0 for s in flow)
+  assert prof.peak_bytes(**dims) >= prof.peak_bytes(include_transients=False, **dims)
+
+
+def test_peak_is_the_max_over_its_pieces():
+  case, traced, graph = _analysis("attention_grad")
+  prof = memory.profile(graph)
+  for dims in case.shapes:
+    assert prof.peak.evaluate(**dims) == prof.peak_bytes(**dims)
+  pos, val = prof.peak.argmax(**case.shapes[-1])
+  assert prof.live_bytes(**case.shapes[-1])[pos] == val
+
+
+def test_donated_arguments_are_freed_after_last_use():
+  case, traced, graph = _analysis("mlp_grad")
+  dims = {"b": 100}
+  held = memory.profile(graph)
+  donated = memory.profile(graph, donated=[0])
+  assert held.peak_bytes(**dims) - donated.peak_bytes(**dims) in (0, 100 * 24 * 4)
+  run = executor.execute(traced, case.make_args(**dims), donated=[0])
+  assert list(run.live_during) == donated.live_bytes(include_transients=False, **dims)
+  assert donated.live_bytes(**dims)[-1] < held.live_bytes(**dims)[-1]
+
+
+def test_dead_outputs_and_timeline():
+  def f(x):
+    _ = jax.numpy.sin(x) * 3.0    # computed, never used: dead on arrival
+    return x + 1.0
+  traced = symmem.trace(f, jax.ShapeDtypeStruct((4,), np.float32), polymorphic_shapes="n")
+  graph = symmem.shape_graph(traced)
+  prof = memory.profile(graph)
+  run = executor.execute(traced, (np.ones(10, np.float32),))
+  assert prof.live_bytes(n=10) == list(run.live_during)
+  assert prof.steps[-1].live_after.evaluate({"n": 10}) == 80   # argument + output
+  text = prof.timeline(n=10)
+  assert "<- peak" in text and "sin" in text
+
+
+def test_order_must_be_a_permutation():
+  _, _, graph = _analysis("mlp_grad")
+  with pytest.raises(ValueError, match="permutation"):
+    memory.profile(graph, order=[0, 0])

@@ -1,0 +1,140 @@
+"""The memory-aware scheduler: valid orders, effects kept, peaks never above trace order."""
+
+import functools
+
+import hypothesis
+from hypothesis import strategies as st
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import executor
+from jax_symmem._src import memory
+from jax_symmem._src import schedule
+from tests.programs import CASES
+
+
+def _random_program(draw_ops, width):
+  """A random DAG of elementwise, dot, reduction, reshape, slice and concat ops over x:(b, w)."""
+  def f(x):
+    values = [x]
+    for op, i, j in draw_ops:
+      a, b = values[i % len(values)], values[j % len(values)]
+      if op == "add" and a.shape == b.shape:
+        values.append(a + b)
+      elif op == "mul":
+        values.append(jnp.tanh(a) * 2.0)
+      elif op == "dot" and a.ndim == 2:
+        values.append(a @ jnp.ones((a.shape[1], width), a.dtype))
+      elif op == "outer" and a.ndim == 2:
+        values.append(jnp.einsum("bi,bj->bij", a, a).reshape(a.shape[0], -1)[:, :width])
+      elif op == "reduce" and a.ndim == 2:
+        values.append(jnp.sum(a, axis=1, keepdims=True) * jnp.ones_like(a))
+      elif op == "concat" and a.ndim == 2 and b.ndim == 2:
+        values.append(jnp.concatenate([a, b], axis=1)[:, :width])
+      else:
+        values.append(jnp.sin(a))
+    return sum(jnp.sum(v) for v in values[-3:])
+  return f
+
+
+OPS = st.lists(st.tuples(st.sampled_from(["add", "mul", "dot", "outer", "reduce", "concat", "sin"]),
+                         st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=14)
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(ops=OPS, b=st.integers(1, 9))
+def test_random_programs_schedule_validly_and_match_the_model(ops, b):
+  width = 4
+  f = jax.grad(_random_program(ops, width))
+  traced = symmem.trace(f, jax.ShapeDtypeStruct((2, width), jnp.float32), polymorphic_shapes="b, _",
+                        constraints=("b <= 16",))
+  graph = symmem.shape_graph(traced)
+  for symbolic in (True, False):
+    sched = schedule.schedule(graph, symbolic=symbolic)
+    assert schedule.is_valid_order(traced.program, sched.order)
+    for dims in ({"b": 16}, {"b": b}):
+      assert memory.peak_at(graph, dims, order=sched.order) <= memory.peak_at(graph, dims)
+  x = np.random.RandomState(b).randn(b, width).astype(np.float32)
+  run = executor.execute(traced, (x,), order=sched.order)
+  np.testing.assert_allclose(run.outputs, jax.jit(f)(x), rtol=1e-4, atol=1e-4)
+  prof = memory.profile(graph, order=sched.order)
+  assert prof.peak_bytes(include_transients=False, b=b) == run.peak
+
+
+@hypothesis.settings(max_examples=40, deadline=None)
+@hypothesis.given(st.data())
+def test_dependencies_are_respected_on_random_orders(data):
+  traced, graph = _traced(CASES[2].name)
+  order = _order(CASES[2].name)
+  assert schedule.is_valid_order(traced.program, order)
+  # A swap that breaks a dependency is detected.
+  preds = schedule.dependencies(traced.program)
+  i = data.draw(st.sampled_from([i for i, p in enumerate(preds) if p]))
+  p = next(iter(preds[i]))
+  bad = list(order)
+  a, b = bad.index(p), bad.index(i)
+  bad[a], bad[b] = bad[b], bad[a]
+  assert not schedule.is_valid_order(traced.program, bad)
+
+
+@functools.lru_cache(maxsize=None)
+def _order(name):
+  return schedule.schedule(_traced(name)[1]).order
+
+
+@functools.lru_cache(maxsize=None)
+def _traced(name):
+  case = next(c for c in CASES if c.name == name)
+  traced = symmem.trace(case.fun, *case.make_args(**case.shapes[-1]),
+                        polymorphic_shapes=case.polymorphic_shapes, constraints=case.constraints)
+  return traced, symmem.shape_graph(traced)
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_schedule_never_raises_the_peak_and_counts_decisions(case):
+  traced, graph = _traced(case.name)
+  sched = schedule.schedule(graph)
+  for dims in case.shapes:
+    assert (memory.peak_at(graph, dims, order=sched.order) <= memory.peak_at(graph, dims)), dims
+  s = sched.stats
+  assert s["comparisons"] == s["decided"] + s["depends"] + s["fallback"]
+  ablation = schedule.schedule(graph, symbolic=False).stats
+  assert ablation["decided"] == ablation["depends"] == 0
+  assert ablation["fallback"] == ablation["comparisons"]
+  static = schedule.schedule(graph, dims=case.shapes[-1])
+  assert static.mode == "static" and schedule.is_valid_order(traced.program, static.order)
+
+
+def test_effects_keep_their_order():
+  calls = []
+  def f(x):
+    y = jnp.sin(x)
+    jax.debug.callback(lambda v: calls.append(("first", float(v))), jnp.sum(y))
+    z = jnp.outer(x, x)        # large and independent: a scheduler would like to move it
+    jax.debug.callback(lambda v: calls.append(("second", float(v))), jnp.sum(z))
+    return jnp.sum(z) + jnp.sum(y)
+  traced = symmem.trace(f, jax.ShapeDtypeStruct((3,), jnp.float32), polymorphic_shapes="n")
+  graph = symmem.shape_graph(traced)
+  sched = schedule.schedule(graph)
+  effectful = [i for i in sched.order if traced.program.nodes[i].effects]
+  assert effectful == sorted(effectful) and len(effectful) == 2
+  executor.execute(traced, (np.ones(5, np.float32),), order=sched.order)
+  assert [c[0] for c in calls] == ["first", "second"]
+
+
+def test_random_number_generation_is_scheduled_and_reproducible():
+  def f(key, x):
+    noise = jax.random.normal(key, x.shape)
+    return jnp.sum(x * noise), jnp.sum(jnp.outer(x, x))
+  key = jax.random.PRNGKey(3)
+  traced = symmem.trace(f, key, jax.ShapeDtypeStruct((3,), jnp.float32),
+                        polymorphic_shapes=(None, "n"))
+  graph = symmem.shape_graph(traced)
+  sched = schedule.schedule(graph)
+  x = np.arange(6, dtype=np.float32)
+  run = executor.execute(traced, (key, x), order=sched.order)
+  want = jax.jit(f)(key, x)
+  np.testing.assert_allclose(run.outputs, want, rtol=1e-5)

@@ -1,0 +1,128 @@
+"""Tracing with symbolic dims: flattening, numerics, and clear errors on bad input."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import interpret
+
+F32 = jnp.float32
+
+
+def _run(traced, *args):
+  """Runs the program specialized to the arguments' dims, op by op."""
+  program = traced.specialize(**traced.bind_dims(*args))
+  out = interpret.run(program, jax.tree_util.tree_leaves(args))
+  return jax.tree_util.tree_unflatten(traced.out_tree, out)
+
+
+def test_call_primitives_are_inlined_and_numerics_match_jit():
+  @jax.jit
+  def inner(x):
+    return jax.nn.relu(x) * 2.0   # relu is a custom_jvp
+
+  def f(x, w):
+    y = jax.checkpoint(lambda z: jnp.sin(z) @ w)(x)
+    c, ys = jax.lax.scan(lambda c, row: (c + row.sum(), row * 2.0), 0.0, y)
+    return inner(y).sum() + c + ys.mean()
+
+  grad_f = jax.grad(f, argnums=(0, 1))
+  x = np.random.RandomState(0).randn(5, 3).astype(np.float32)
+  w = np.random.RandomState(1).randn(3, 3).astype(np.float32)
+  traced = symmem.trace(grad_f, x, w, polymorphic_shapes=("n, d", "d, d"))
+  names = {n.name for _, n in traced.program.walk()}
+  assert not names & {"pjit", "jit", "remat2", "checkpoint", "custom_jvp_call", "closed_call"}
+  assert "scan" in names
+  got = _run(traced, x, w)
+  want = jax.jit(grad_f)(x, w)
+  for g, e in zip(got, want):
+    np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
+
+
+def test_trace_records_dims_constraints_and_trees():
+  traced = symmem.trace(lambda d: {"y": d["x"] * 2}, {"x": jax.ShapeDtypeStruct((2, 3), F32)},
+                        polymorphic_shapes=({"x": "b, s"},), constraints=("s <= 64",))
+  assert traced.dims == ("b", "s")
+  assert traced.constraints.bounds_map == {"b": (1, None), "s": (1, 64)}
+  assert traced.out_tree == jax.tree_util.tree_structure({"y": 0})
+  assert "b, s" in str(traced)
+
+
+def test_rank_mismatch_names_the_argument():
+  with pytest.raises(symmem.ShapeSpecError, match=r"args\[1\].*rank 1.*shape \(2, 3\)"):
+    symmem.trace(lambda a, x: x, jnp.zeros(3), jnp.zeros((2, 3)), polymorphic_shapes=(None, "b"))
+
+
+def test_wrong_pytree_prefix_is_a_spec_error():
+  with pytest.raises(symmem.ShapeSpecError, match="do not fit"):
+    symmem.trace(lambda a, b: a, jnp.zeros(3), jnp.zeros(3), polymorphic_shapes=("n",))
+
+
+def test_non_array_argument_is_rejected():
+  with pytest.raises(symmem.ShapeSpecError, match="str, not an array"):
+    symmem.trace(lambda a, b: a, jnp.zeros(3), "hello", polymorphic_shapes=("n", None))
+
+
+def test_contradictory_constraints_are_rejected_before_tracing():
+  with pytest.raises(symmem.ConstraintError, match="contradict"):
+    symmem.trace(lambda x: x, jnp.zeros((2,)), polymorphic_shapes="s",
+                 constraints=("s >= 8", "s <= 4"))
+
+
+def test_infeasible_general_constraint_is_rejected():
+  with pytest.raises(symmem.ConstraintError):
+    symmem.trace(lambda x: x, jnp.zeros((2, 3)), polymorphic_shapes="b, s",
+                 constraints=("b <= 64", "s <= 1024", "b*s >= 100000"))
+
+
+def test_reshape_without_divisible_dim_says_declare_a_multiple():
+  def f(x):
+    return x.reshape(x.shape[0], -1, 128)
+  line = f.__code__.co_firstlineno + 1
+  with pytest.raises(symmem.TracingError) as e:
+    symmem.trace(f, jnp.zeros((2, 256)), polymorphic_shapes="b, s")
+  assert f"test_tracing.py:{line}" in str(e.value)
+  assert "128*k" in str(e.value)
+  # Declared as a multiple, the same reshape traces.
+  traced = symmem.trace(f, jnp.zeros((2, 256)), polymorphic_shapes="b, 128*k")
+  assert traced.dims == ("b", "k")
+
+
+def test_python_if_on_a_dim_says_add_a_constraint():
+  def f(x):
+    if x.shape[0] > 128:
+      return x * 2
+    return x
+  with pytest.raises(symmem.TracingError, match="constraint") as e:
+    symmem.trace(f, jnp.zeros(4), polymorphic_shapes="s")
+  assert f"test_tracing.py:{f.__code__.co_firstlineno + 1}" in str(e.value)
+  # A constraint that decides the comparison makes it traceable.
+  symmem.trace(f, jnp.zeros(200), polymorphic_shapes="s", constraints=("s >= 129",))
+
+
+def test_data_dependent_shape_says_give_a_static_size():
+  with pytest.raises(symmem.TracingError, match="size="):
+    symmem.trace(lambda x: jnp.nonzero(x), jnp.zeros(4), polymorphic_shapes="s")
+
+
+def test_bind_dims_solves_and_checks_shapes():
+  spec = jax.ShapeDtypeStruct((2, 256), F32)
+  traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),
+                        polymorphic_shapes=("b, 128*k", "2*b"), constraints=("k <= 8",))
+  assert traced.bind_dims(jnp.zeros((3, 384)), jnp.zeros(6)) == {"b": 3, "k": 3}
+  with pytest.raises(symmem.ShapeError, match=r"args\[1\] has size 5 where the spec says 2\*b"):
+    traced.bind_dims(jnp.zeros((3, 384)), jnp.zeros(5))
+  with pytest.raises(symmem.ShapeError, match=r"k = 9 is outside \[1, 8\].*k <= 8"):
+    traced.bind_dims(jnp.zeros((3, 128 * 9)), jnp.zeros(6))
+  with pytest.raises(symmem.ShapeError, match="cannot solve"):
+    traced.bind_dims(jnp.zeros((3, 100)), jnp.zeros(6))
+
+
+def test_specialize_matches_the_symbolic_program():
+  traced = symmem.trace(lambda x: jnp.tanh(x @ x.T).sum(0), jnp.zeros((3, 4)),
+                        polymorphic_shapes="b, d")
+  program = traced.specialize(b=5, d=7)
+  assert [n.name for n in program.nodes] == [n.name for n in traced.program.nodes]
+  assert program.avals[program.nodes[1].outputs[0]].shape == (5, 5)
