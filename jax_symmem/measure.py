@@ -1,0 +1,86 @@
+"""Real peak memory of a JAX call on the CPU, measured in a fresh process.
+
+The protocol (DESIGN.md F3), the only one that gave repeatable figures here:
+a fresh subprocess with `MALLOC_MMAP_THRESHOLD_=65536` set before Python starts
+(so freed buffers go back to the OS instead of being recycled), compile and one
+warm-up call, drop the warm-up's outputs and `gc.collect()`, reset the high-water
+mark (`echo 5 > /proc/self/clear_refs`), read VmRSS, run the call to completion,
+read VmHWM. The peak the call adds is VmHWM - VmRSS (the arguments are already
+resident); repeats agree within about 0.5 MiB.
+
+A workload is named as "module:function" plus JSON-able keyword arguments; the
+function runs in the subprocess and returns `(fn, args)`: `fn(*args)` is the call
+to measure. Use it from benchmark scripts, never from tests.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import importlib
+import json
+import os
+import subprocess
+import sys
+from typing import Any, Mapping
+
+_MARKER = "JAX_SYMMEM_MEASUREMENT "
+
+
+@dataclasses.dataclass(frozen=True)
+class Measurement:
+  rss_before: int      # bytes resident before the measured call
+  hwm: int             # high-water mark during the call
+  extra: Mapping[str, Any]   # what the workload reported (e.g. argument bytes)
+
+  @property
+  def peak_delta(self) -> int:
+    """Bytes the call added at its peak, above what was resident before it."""
+    return self.hwm - self.rss_before
+
+
+def _status(field: str) -> int:
+  with open("/proc/self/status") as f:
+    for line in f:
+      if line.startswith(field + ":"):
+        return int(line.split()[1]) * 1024
+  raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _block(x):
+  import jax
+  return jax.block_until_ready(x)
+
+
+def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
+  import jax
+  jax.config.update("jax_cpu_enable_async_dispatch", False)
+  module, name = spec.split(":")
+  setup = getattr(importlib.import_module(module), name)
+  fn, args, *rest = setup(**kwargs)
+  extra = rest[0] if rest else {}
+  out = _block(fn(*args))          # compile + warm up
+  del out
+  gc.collect()
+  with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")
+  before = _status("VmRSS")
+  out = _block(fn(*args))
+  hwm = _status("VmHWM")
+  del out
+  print(_MARKER + json.dumps({"rss_before": before, "hwm": hwm, "extra": extra}), flush=True)
+
+
+def measure(spec: str, timeout: float = 600, **kwargs) -> Measurement:
+  """Runs workload `spec` ("module:function") in a fresh process and measures its peak."""
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+  env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
+  code = ("import json, sys\nfrom jax_symmem import measure\n"
+          "measure._child(sys.argv[1], json.loads(sys.argv[2]))")
+  proc = subprocess.run([sys.executable, "-c", code, spec, json.dumps(kwargs)], env=env,
+                        capture_output=True, text=True, timeout=timeout)
+  for line in proc.stdout.splitlines():
+    if line.startswith(_MARKER):
+      data = json.loads(line[len(_MARKER):])
+      return Measurement(data["rss_before"], data["hwm"], data["extra"])
+  raise RuntimeError(f"measurement of {spec} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
