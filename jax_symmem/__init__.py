@@ -1,7 +1,12 @@
 """jax_symmem: symbolic-shape memory optimization for dynamic-shape training in JAX.
 
 Trace a training step once with symbolic dims, know every value's size as an
-exact polynomial over them, and compare sizes exactly:
+exact polynomial over them, compare sizes exactly, and run the step under a
+memory budget with `symmem.jit`:
+
+    step = symmem.jit(train_step, polymorphic_shapes=(None, "b, s", "b, s"),
+                      constraints=("s <= 4096", "b <= 64"), memory_budget=8 * 2**30)
+    loss, params = step(params, tokens, mask)     # any (b, s) within the constraints
 
     import jax_symmem as symmem
     traced = symmem.trace(step, params, tokens, mask,
@@ -13,6 +18,8 @@ exact polynomial over them, and compare sizes exactly:
 """
 
 from jax_symmem import symbolic
+from jax_symmem._src.analysis import Analysis
+from jax_symmem._src.errors import BudgetError
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.errors import ShapeError
 from jax_symmem._src.errors import ShapeSpecError
@@ -25,6 +32,8 @@ from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.shape_graph import ValueInfo
 from jax_symmem._src.tracing import Program
 from jax_symmem._src.tracing import TracedProgram
+from jax_symmem._src.jit import SymmemFunction
+from jax_symmem._src.jit import jit
 from jax_symmem._src.tracing import trace
 
 
@@ -33,9 +42,25 @@ def shape_graph(traced: TracedProgram) -> ShapeGraph:
   return ShapeGraph(traced)
 
 
+def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None) -> Analysis:
+  """Traces `fun` once with symbolic dims and plans its memory for every allowed shape.
+
+  Returns an `Analysis`: `peak_bytes(**dims)` (the optimized step as dispatched at
+  those dims under `memory_budget`), `baseline_peak_bytes(**dims)` (trace order,
+  no rematerialization), `static_peak_bytes(**dims)` (the same pipeline planned
+  with exact shapes), `stats`, a printable `plan`, and `graph`. Figures are the
+  jaxpr-level memory model's (see README: what the model measures).
+  """
+  from jax_symmem._src import analysis as analysis_lib
+  from jax_symmem._src.jit import resolve_budget
+  traced = trace(fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints)
+  return analysis_lib.analyze_traced(traced, memory_budget=resolve_budget(memory_budget))
+
+
 __version__ = "0.1.0"
 
 __all__ = [
+    "Analysis", "BudgetError", "SymmemFunction", "analyze", "jit",
     "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
     "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
     "shape_graph", "shape_report", "symbolic", "trace",

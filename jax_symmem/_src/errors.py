@@ -19,3 +19,7 @@ class TracingError(SymmemError):
 
 class ShapeError(SymmemError, ValueError):
   """Concrete shapes that violate the declared constraints."""
+
+
+class BudgetError(SymmemError, ValueError):
+  """A memory budget below the smallest achievable peak."""

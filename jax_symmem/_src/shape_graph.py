@@ -164,9 +164,10 @@ class ShapeGraph:
   def _collect(self, program: Program, values, relations) -> None:
     for i in program.inputs:
       values[i] = self._info(i, program.avals[i], None)
-    for node in program.nodes:
+    for node in program.nodes:   # a rewrite may read values of later-appended nodes
       for o in node.outputs:
         values[o] = self._info(o, program.avals[o], node)
+    for node in program.nodes:
       rule = RELATION_RULES.get(node.name)
       if rule is not None:
         ins = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const)
@@ -189,6 +190,15 @@ class ShapeGraph:
       cons = constraints_lib.parse_constraints(cons.source + extra,
                                                variables=[v for v, _, _ in cons.bounds])
     return cons, tuple(relations), tuple(implied)
+
+  def extended(self, program: Program) -> "ShapeGraph":
+    """This graph plus the values of `program` (e.g. a rewrite that added nodes)."""
+    new = object.__new__(ShapeGraph)
+    new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
+    values = dict(self.values)
+    new._collect(program, values, [])
+    new.values = values
+    return new
 
   # -- queries --
   def bytes(self, value: int | Poly) -> Poly:

@@ -1,0 +1,189 @@
+"""The compile-time pipeline: trace -> shape graph -> schedule -> remat rounds -> Analysis.
+
+An `Analysis` holds everything symbolic about a training step, made once for
+all shapes; `choose_round(dims, budget)` is the run-time decision: the smallest
+round of evictions whose modeled peak fits the budget at those dims.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Any, Callable, Mapping, Sequence
+
+from jax_symmem._src import memory
+from jax_symmem._src.device import live_bytes as _live_bytes
+from jax_symmem._src import remat
+from jax_symmem._src import schedule as schedule_lib
+from jax_symmem._src.errors import BudgetError
+from jax_symmem._src.shape_graph import ShapeGraph
+from jax_symmem._src.tracing import TracedProgram
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Analysis:
+  """Symbolic analysis of a step: its graph, schedule and rematerialization rounds."""
+  traced: TracedProgram
+  graph: ShapeGraph
+  schedule: schedule_lib.Schedule
+  rounds: tuple[remat.Round, ...]
+  memory_budget: int | None
+  remat_stats: Mapping[str, int]
+
+  # -- run-time decision --
+  def choose_round(self, dims: Mapping[str, int], budget: int | None,
+                   reserved: int = 0) -> int:
+    """The smallest round whose modeled peak (plus `reserved` bytes held by others) fits.
+
+    Raises BudgetError, naming the smallest achievable peak, when none fits.
+    """
+    if budget is None:
+      return 0
+    peaks = []
+    for k, r in enumerate(self.rounds):
+      peak = r.peak_at(dims)
+      if peak + reserved <= budget:
+        return k
+      peaks.append(peak)
+    best = min(peaks)
+    raise BudgetError(
+        f"memory budget {budget / 2**20:.1f} MiB is below the smallest achievable peak at "
+        f"{dict(dims)}: {best / 2**20:.1f} MiB modeled"
+        + (f" plus {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
+        + "; raise the budget or use shorter/smaller batches")
+
+  # -- the guarded rewrite --
+  def guarded_function(self, dims: Mapping[str, int], budget: int | None = None) -> Callable:
+    """The last round's program with every region behind a host-decided `lax.cond`.
+
+    Returns `fn(*flat_args) -> flat outputs` for arguments of shape `dims`. Each
+    region's recomputation runs under `lax.cond(pred, regenerate, keep)`, where
+    `pred` comes from an `io_callback` that reads live memory and asks
+    `choose_round` whether that region's round is needed. It computes the same
+    numbers under plain `jax.jit`, but inside one executable XLA must keep what
+    either branch reads, so it saves no memory (DESIGN.md F5); `symmem.jit`
+    resolves the same guards on the host before dispatch instead.
+    """
+    import jax
+    from jax.experimental import io_callback
+    from jax_symmem._src import tracing
+    env = self.graph.constraints.complete(dict(dims))
+    last = self.rounds[-1]
+    program = tracing.specialize_program(last.program, env)
+    # A block runs as one guarded unit where its last node stands (every operand of
+    # the recomputation exists by then). Blocks whose intermediates other nodes read
+    # (a later region anchored on them) stay unguarded: always recomputed, still exact.
+    blocks = [(j, b) for j, r in enumerate(self.rounds) for b in r.blocks]
+    members = {n: b for _, b in blocks for n in (b.barrier,) + b.clones}
+    readers: dict[int, set[int]] = {}
+    for n in program.nodes:
+      for x in n.inputs:
+        if not isinstance(x, tracing.Const):
+          readers.setdefault(x, set()).add(n.index)
+    def self_contained(b):
+      inner = {o for n in (b.barrier,) + b.clones for o in program.nodes[n].outputs}
+      return all(members.get(r) is b for o in inner - {b.regenerated}
+                 for r in readers.get(o, ()))
+    guarded = {b.clones[-1]: (j, b) for j, b in blocks if self_contained(b)}
+    skip = {n for _, b in guarded.values() for n in (b.barrier,) + b.clones[:-1]}
+
+    def needed(j: int) -> bool:
+      reserved = max(0, _live_bytes() - self._argument_bytes(dims)) if budget is not None else 0
+      try:
+        return self.choose_round(dims, budget, reserved) >= j
+      except BudgetError:   # nothing fits: evict all there is
+        return True
+
+    def run_nodes(values, indices):
+      read = lambda x: x.value if isinstance(x, tracing.Const) else values[x]
+      for i in indices:
+        node = program.nodes[i]
+        values.update(zip(node.outputs, tracing.bind(
+            node.primitive, [read(x) for x in node.inputs], node.params)))
+
+    def fn(*flat_args):
+      values = dict(zip(program.inputs, flat_args))
+      for i in last.order:
+        if i in skip:
+          continue
+        if i not in guarded:
+          run_nodes(values, [i])
+          continue
+        j, block = guarded[i]
+        def regenerate(_, block=block):
+          local = dict(values)
+          run_nodes(local, (block.barrier,) + block.clones)
+          return local[block.regenerated]
+        keep = lambda _, block=block: values[block.region.value]
+        pred = io_callback(functools.partial(needed, j), jax.ShapeDtypeStruct((), bool))
+        values[block.regenerated] = jax.lax.cond(pred, regenerate, keep, 0)
+      return [x.value if isinstance(x, tracing.Const) else values[x] for x in program.outputs]
+    return fn
+
+  def _argument_bytes(self, dims) -> int:
+    return self.rounds[0].profile.arguments.evaluate(self.graph.constraints.complete(dict(dims)))
+
+  # -- reports --
+  def peak_bytes(self, **dims: int) -> int:
+    """Modeled peak of the optimized step as dispatched at these dims and the budget."""
+    return self.rounds[self.choose_round(dims, self.memory_budget)].peak_at(dims)
+
+  def baseline_peak_bytes(self, **dims: int) -> int:
+    """Modeled peak in trace order without rematerialization."""
+    return memory.peak_at(self.graph, dims)
+
+  def static_peak_bytes(self, **dims: int) -> int:
+    """The same pipeline planned with exact shapes (the paper's static anchor)."""
+    static = _plan(self.graph, dims)
+    rounds = static[1]
+    if self.memory_budget is None:
+      return rounds[0].peak_at(dims)
+    for r in rounds:
+      if r.peak_at(dims) <= self.memory_budget:
+        return r.peak_at(dims)
+    return min(r.peak_at(dims) for r in rounds)
+
+  @property
+  def stats(self) -> dict[str, int]:
+    s = self.schedule.stats
+    r = self.remat_stats
+    return {
+        "comparisons": s["comparisons"] + r["comparisons"],
+        "decided": s["decided"] + r["decided"],
+        "depends": s["depends"] + r["depends"],
+        "fallback": s["fallback"] + r["fallback"],
+        "schedule_comparisons": s["comparisons"],
+        "remat_comparisons": r["comparisons"],
+        "remat_rounds": r["rounds"],
+        "regions": sum(len(x.regions) for x in self.rounds),
+    }
+
+  @property
+  def plan(self) -> str:
+    """Each round's regions: value, source line, bytes saved, cost, guard."""
+    at = self.graph.max_dims()
+    lines = [f"rematerialization plan for {self.traced.fun_name} "
+             f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate)"]
+    for k, r in enumerate(self.rounds[1:], start=1):
+      lines.append(f" round {k}: guard 'modeled peak of round {k - 1} + live bytes > budget'; "
+                   f"modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB")
+      for region in r.regions:
+        lines.append("   " + region.describe(r.graph, **at))
+    return "\n".join(lines)
+
+  def __str__(self) -> str:
+    return self.plan
+
+
+def _plan(graph: ShapeGraph, dims: Mapping[str, int] | None):
+  """(schedule, rounds, remat stats) planned at `dims` (None: symbolically)."""
+  sched = schedule_lib.schedule(graph, dims=dims)
+  rounds, stats = remat.plan_rounds(graph, sched.order, shape_of_interest=dims)
+  return sched, rounds, stats
+
+
+def analyze_traced(traced: TracedProgram, memory_budget: int | None = None) -> Analysis:
+  from jax_symmem._src.shape_graph import ShapeGraph
+  graph = ShapeGraph(traced)
+  sched, rounds, stats = _plan(graph, None)
+  return Analysis(traced, graph, sched, rounds, memory_budget, stats)

@@ -1,0 +1,237 @@
+"""`symmem.jit`: a drop-in for `jax.jit` that plans memory once and decides per shape.
+
+At the first call the step is traced once with symbolic dims and analysed
+(schedule, rematerialization rounds). Every call then:
+
+1. binds the dims from the arguments and checks the constraints;
+2. reads the bytes other live arrays hold (device `memory_stats()` where the
+   backend has them, `jax.live_arrays()` on CPU: DESIGN.md F6);
+3. picks the smallest eviction round whose modeled peak fits the budget: the
+   guard is resolved on the host, before dispatch, because inside one
+   executable XLA plans memory statically and a `lax.cond` guard saves nothing
+   (F5);
+4. runs the executable compiled for (dims, round), compiling it on a miss.
+   After compiling, XLA's own `memory_analysis()` is checked against the budget;
+   if the variant does not fit, the next round is compiled (bounded).
+
+Recomputation is fenced with optimization barriers and compiled with XLA:CPU's
+`cse_barrier_expander` disabled, or XLA would merge it back (F1).
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+from absl import logging
+import jax
+
+from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src.device import device_memory as _device_memory
+from jax_symmem._src.device import live_bytes as _live_bytes
+from jax_symmem._src import interpret
+from jax_symmem._src import tracing
+from jax_symmem._src.errors import BudgetError, ShapeError, SymmemError
+
+# XLA:CPU options for variants compiled under a memory budget: keep our fences
+# (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
+# experiments/bench_fence.py); no XNNPACK fusions, whose buffers memory_analysis()
+# does not count (F2), so the budget check sees real temps. They cost step time
+# (0.52 s -> 0.66-0.71 s per option on the benchmark transformer), so without a
+# budget the step compiles exactly as jax.jit would.
+CPU_COMPILER_OPTIONS = {
+    "xla_disable_hlo_passes": "cse_barrier_expander",
+    "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    "xla_cpu_experimental_ynn_fusion_type": "",
+}
+GPU_COMPILER_OPTIONS: dict[str, str] = {}
+MAX_RECOMPILES = 3
+
+
+def resolve_budget(memory_budget) -> int | None:
+  """Bytes; a float in (0, 1] is a fraction of the device's memory; None: the device limit."""
+  _, limit = _device_memory()
+  if memory_budget is None:
+    return limit
+  if isinstance(memory_budget, bool):
+    raise TypeError("memory_budget must be bytes (int) or a fraction (float in (0, 1])")
+  if isinstance(memory_budget, float):
+    if not 0 < memory_budget <= 1:
+      raise ValueError(f"a fractional memory_budget must be in (0, 1], got {memory_budget}")
+    if limit is None:
+      raise ValueError(
+          f"memory_budget={memory_budget} is a fraction of device memory, but "
+          f"{jax.devices()[0].platform} reports no memory limit; give the budget in bytes")
+    return int(memory_budget * limit)
+  if int(memory_budget) <= 0:
+    raise ValueError(f"memory_budget must be positive, got {memory_budget}")
+  return int(memory_budget)
+
+
+class SymmemFunction:
+  """The function returned by `symmem.jit`."""
+
+  def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
+               static_argnums=(), static_argnames=(), donate_argnums=(), **jit_kwargs):
+    functools.update_wrapper(self, fun)
+    self._fun = fun
+    self._shapes = polymorphic_shapes
+    self._constraints = tuple(constraints)
+    self._budget_arg = memory_budget
+    self._static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
+                                        else set(static_argnums)))
+    self._static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
+                             else tuple(static_argnames))
+    self._donate = ((donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums))
+    self._jit_kwargs = jit_kwargs
+    self._lock = threading.RLock()
+    self._analyses: dict[Any, analysis_lib.Analysis | None] = {}
+    self._executables: dict[Any, Any] = {}
+    self._decisions: dict[Any, int] = {}
+    self._fallbacks: dict[Any, Callable] = {}
+    self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0}
+
+  # -- public --
+  def __call__(self, *args, **kwargs):
+    static_key, dyn_args, bound = self._split(args, kwargs)
+    analysis = self._analysis(static_key, bound, dyn_args)
+    if analysis is None:
+      self._counts["fallback_calls"] += 1
+      return self._fallbacks[static_key](*args, **kwargs)
+    traced = analysis.traced
+    flat, tree = jax.tree_util.tree_flatten(tuple(dyn_args))
+    if tree != traced.in_tree:
+      raise ShapeError(f"{traced.fun_name} was traced for arguments with structure "
+                       f"{traced.in_tree}, but got {tree}")
+    dims = traced.bind_dims(*dyn_args)
+    budget = resolve_budget(self._budget_arg)
+    reserved = 0
+    if budget is not None:
+      arg_bytes = sum(getattr(a, "nbytes", 0) for a in flat)
+      reserved = max(0, _live_bytes() - arg_bytes)
+    dims_key = tuple(sorted(dims.items()))
+    key = (static_key, dims_key, reserved >> 20, budget)
+    with self._lock:
+      k = self._decisions.get(key)
+      if k is None:
+        k = analysis.choose_round(dims, budget, reserved)
+      exe_key = (static_key, dims_key, k)
+      exe = self._executables.get(exe_key)
+      if exe is None:
+        exe, k = self._compile(analysis, static_key, dims, k, flat, budget, reserved)
+      else:
+        self._counts["hits"] += 1
+      self._decisions[key] = k
+    out = exe(*flat)
+    return jax.tree_util.tree_unflatten(traced.out_tree, out)
+
+  def analyze(self, *args, **kwargs) -> analysis_lib.Analysis:
+    """The symbolic analysis for these (example) arguments."""
+    static_key, dyn_args, bound = self._split(args, kwargs)
+    a = self._analysis(static_key, bound, dyn_args)
+    if a is None:
+      raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
+    return a
+
+  def cache_info(self) -> dict[str, int]:
+    return dict(self._counts, executables=len(self._executables))
+
+  # -- implementation --
+  def _split(self, args, kwargs):
+    for name in kwargs:
+      if name not in self._static_argnames:
+        raise TypeError(f"symmem.jit supports keyword arguments only as static_argnames; "
+                        f"pass {name!r} positionally or mark it static")
+    static = tuple(args[i] for i in self._static_argnums if i < len(args))
+    static_key = (static, tuple(sorted(kwargs.items())))
+    try:
+      hash(static_key)
+    except TypeError as e:
+      raise TypeError(f"static arguments must be hashable: {e}") from None
+    dyn = [a for i, a in enumerate(args) if i not in self._static_argnums]
+    def bound(*dyn_args):
+      it = iter(dyn_args)
+      full = [args[i] if i in self._static_argnums else next(it) for i in range(len(args))]
+      return self._fun(*full, **kwargs)
+    bound.__name__ = getattr(self._fun, "__name__", "function")
+    return static_key, dyn, bound
+
+  def _dyn_shapes(self, nargs):
+    shapes = self._shapes
+    if isinstance(shapes, (tuple, list)) and len(shapes) == nargs + len(self._static_argnums):
+      shapes = tuple(s for i, s in enumerate(shapes) if i not in self._static_argnums)
+    return shapes
+
+  def _analysis(self, static_key, bound, dyn_args):
+    with self._lock:
+      if static_key in self._analyses:
+        return self._analyses[static_key]
+      try:
+        traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
+                               constraints=self._constraints)
+        budget = resolve_budget(self._budget_arg)
+        result = analysis_lib.analyze_traced(traced, memory_budget=budget)
+      except (BudgetError, ShapeError, ValueError, TypeError) as e:
+        raise
+      except Exception as e:  # an op the pipeline cannot handle: never a wrong result
+        logging.warning("jax_symmem: %s falls back to jax.jit: %s: %s",
+                        getattr(self._fun, "__name__", "function"), type(e).__name__, e)
+        self._fallbacks[static_key] = jax.jit(
+            self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
+            donate_argnums=self._donate, **self._jit_kwargs)
+        result = None
+      self._analyses[static_key] = result
+      return result
+
+  def _compile(self, analysis, static_key, dims, k, flat, budget, reserved):
+    env = analysis.graph.constraints.complete(dims)
+    platform = jax.devices()[0].platform
+    if budget is None:
+      options = {}
+    else:
+      options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
+    donate = tuple(i for i, _ in enumerate(flat)) if self._donate else ()
+    for attempt in range(MAX_RECOMPILES + 1):
+      r = analysis.rounds[k]
+      program = tracing.specialize_program(r.program, env)
+      order = r.order
+      fn = jax.jit(lambda *a: interpret.run(program, a, order), donate_argnums=donate)
+      exe = fn.lower(*flat).compile(compiler_options=options)
+      self._counts["compiles"] += 1
+      ma = exe.memory_analysis()
+      footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+                   - ma.alias_size_in_bytes) if ma is not None else None
+      logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %s bytes",
+                   analysis.traced.fun_name, dims, k, footprint)
+      fits = budget is None or footprint is None or footprint + reserved <= budget
+      if fits or k + 1 >= len(analysis.rounds) or attempt == MAX_RECOMPILES:
+        if not fits:
+          logging.warning("jax_symmem: %s at %s: XLA reports %.1f MiB for the last round, "
+                          "above the %.1f MiB budget", analysis.traced.fun_name, dims,
+                          footprint / 2**20, budget / 2**20)
+        self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
+        return exe, k
+      k += 1
+      self._counts["recompiles"] += 1
+    raise AssertionError("unreachable")
+
+
+def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
+        **jax_jit_kwargs):
+  """Like `jax.jit`, for steps whose shapes change: one symbolic plan, a decision per shape.
+
+  Args:
+    fun: the step function (or use as `@symmem.jit(polymorphic_shapes=...)`).
+    polymorphic_shapes: shape specs as in `jax.export.symbolic_args_specs`
+      ("b, s"), one per positional argument (None for static or fully static args).
+    constraints: e.g. ("s <= 4096", "b <= 64", "s == 128*k").
+    memory_budget: bytes, or a float in (0, 1] as a fraction of device memory;
+      default the device's limit where known, otherwise no eviction.
+    **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums as in jax.jit.
+  """
+  if fun is None:
+    return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
+                             memory_budget=memory_budget, **jax_jit_kwargs)
+  return SymmemFunction(fun, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
+                        memory_budget=memory_budget, **jax_jit_kwargs)

@@ -1,0 +1,354 @@
+"""Rematerialization planning: eviction candidates and their regeneration subgraphs.
+
+On a scheduled program, a candidate is a value that is live across the peak but
+not used there: produced before the peak step, next used after it. Its
+regeneration subgraph recomputes it, right before that later use, from anchors:
+values that are live at that point anyway (held arguments, constants, values
+whose own lifetime spans the use and that are never evicted). Evicting it saves
+its bytes across the peak, at the cost of the subgraph's FLOPs; both are exact
+polynomials over the dims. Regions are ranked by FLOPs per byte saved.
+
+`apply_regions` rewrites the program: the evicted value's later uses read a
+recomputed copy, computed by cloned nodes whose anchors first pass through an
+optimization barrier together with a trigger (a value produced just before the
+use), so XLA cannot hoist the recomputation back next to the original or merge
+the two (with `cse_barrier_expander` disabled, DESIGN.md F1).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import Callable, Iterable, Mapping, Sequence
+
+from jax import lax
+
+from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import memory
+from jax_symmem._src.poly import ZERO, Poly, product
+from jax_symmem._src.shape_graph import ShapeGraph
+from jax_symmem._src.tracing import Const, Node, Program
+
+# --- per-primitive rules ------------------------------------------------------------
+
+# Never recomputed: randomness (a second draw differs), effects, collectives, and
+# control flow (its bodies are not cloned here).
+NOT_RECOMPUTABLE = frozenset({
+    "random_bits", "random_seed", "random_split", "random_fold_in", "random_wrap",
+    "random_unwrap", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota_2x32_shape",
+    "psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "reduce_scatter",
+    "psum_scatter", "axis_index", "scan", "while", "cond", "io_callback", "pure_callback",
+    "debug_callback", "optimization_barrier", "custom_call",
+})
+
+
+def _numel(dims: Sequence[Poly]) -> Poly:
+  return product(dims)
+
+
+def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
+  (lc, _), _ = node.params["dimension_numbers"]
+  return 2 * _numel(outs[0]) * product(ins[0][i] for i in lc)
+
+
+def _reduction_flops(node, ins, outs) -> Poly:
+  return _numel(ins[0])
+
+
+# primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
+FLOP_RULES: dict[str, Callable[..., Poly]] = {
+    "dot_general": _dot_flops,
+    "reduce_sum": _reduction_flops, "reduce_max": _reduction_flops,
+    "reduce_min": _reduction_flops, "argmax": _reduction_flops, "argmin": _reduction_flops,
+}
+
+
+def flops(graph: ShapeGraph, node: Node) -> Poly:
+  ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
+  outs = [graph.values[o].dims for o in node.outputs]
+  rule = FLOP_RULES.get(node.name)
+  return rule(node, ins, outs) if rule else sum((_numel(o) for o in outs), ZERO)
+
+
+def recomputable(node: Node) -> bool:
+  return not node.effects and node.name not in NOT_RECOMPUTABLE and not node.subprograms
+
+
+# --- plan -------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Region:
+  """Evict `value` after its last use before the peak; regenerate it before `consumer`."""
+  value: int
+  consumer: int                 # node index of the first use after the peak
+  nodes: tuple[int, ...]        # regeneration subgraph, in topological order
+  anchors: tuple[int, ...]      # values it reads, live at the consumer anyway
+  saved: Poly                   # bytes no longer live across the peak
+  cost: Poly                    # FLOPs of the regeneration
+  source: str                   # where the value was produced
+
+  def describe(self, graph: ShapeGraph, **dims: int) -> str:
+    at = ""
+    if dims:
+      env = graph.constraints.complete(dims)
+      at = (f" [{self.saved.evaluate(env) / 2**20:.2f} MiB, "
+            f"{self.cost.evaluate(env) / 1e6:.2f} MFLOP at {dims}]")
+    info = graph.values[self.value]
+    return (f"evict {info.shape_str()} from {self.source.rsplit('/', 1)[-1]}: "
+            f"saves {self.saved} B, recompute {len(self.nodes)} op(s) = {self.cost} FLOPs" + at)
+
+
+@dataclasses.dataclass(frozen=True)
+class RematPlan:
+  regions: tuple[Region, ...]       # ranked: cheapest FLOPs per byte saved first
+  order: tuple[int, ...]            # the schedule the plan was made for
+  peak_position: int                # the peak step at the shape of interest
+  stats: Mapping[str, int]          # ranking comparisons: decided / depends / fallback
+
+
+def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
+         shape_of_interest: Mapping[str, int] | None = None,
+         min_fraction: float = 0.002, max_nodes: int = 40, donated: Iterable[int] = ()) -> RematPlan:
+  """Finds eviction candidates across the peak and their regeneration subgraphs.
+
+  Args:
+    graph: the shape graph (extended with `program`'s values if it is a rewrite).
+    order: the schedule of `program`.
+    program: default the traced top-level program.
+    shape_of_interest: where the peak step is located and DEPENDS rankings are
+      resolved (default: the largest allowed dims).
+    min_fraction: ignore values smaller than this fraction of the peak there.
+    max_nodes: largest regeneration subgraph.
+  """
+  program = graph.traced.program if program is None else program
+  order = tuple(order)
+  tight = dict(shape_of_interest or graph.max_dims())
+  env = graph.constraints.complete(tight)
+  prof = memory.profile(graph, program, order, donated)
+  peak_pos, peak = prof.peak.argmax(**tight)
+
+  pos = {i: k for k, i in enumerate(order)}
+  producer = {o: n.index for n in program.nodes for o in n.outputs}
+  uses: dict[int, list[int]] = {}
+  for k, i in enumerate(order):
+    for x in program.nodes[i].inputs:
+      if not isinstance(x, Const):
+        uses.setdefault(x, []).append(k)
+  outputs = {x for x in program.outputs if not isinstance(x, Const)}
+
+  def spans_peak(v) -> int | None:
+    """Position of v's first use after the peak, if v is live but unused at the peak."""
+    born = pos[producer[v]] if v in producer else -1
+    after = [u for u in uses.get(v, []) if u > peak_pos]
+    if born >= peak_pos or not after or peak_pos in uses.get(v, []) or v in outputs:
+      return None
+    return after[0]
+
+  candidates = {v: u for v in program.value_ids() if v in producer
+                and (u := spans_peak(v)) is not None
+                and graph.bytes(v).evaluate(env) >= min_fraction * peak}
+
+  def live_at(v, u) -> bool:
+    if v not in producer:   # an argument: held by the caller
+      return v in program.inputs
+    return pos[producer[v]] < u and max(uses.get(v, [-1])) >= u
+
+  regions = []
+  for v, u in candidates.items():
+    limit = graph.bytes(v).evaluate(env) // 2
+    def anchor(a, prefer_recompute):
+      """Whether the regeneration of v reads `a` instead of recomputing it."""
+      if a in program.inputs:
+        return True
+      if not live_at(a, u):
+        return False
+      return not prefer_recompute or graph.bytes(a).evaluate(env) <= limit
+    sub = _regeneration(program, producer, v, anchor, max_nodes)
+    if sub is None:
+      continue
+    nodes, anchors = sub
+    cost = sum((flops(graph, program.nodes[i]) for i in nodes), ZERO)
+    regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.get)), anchors,
+                          graph.bytes(v), cost, program.nodes[producer[v]].source))
+  stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
+  ranked = _rank(graph, regions, env, stats)
+  return RematPlan(tuple(ranked), order, peak_pos, stats)
+
+
+def _regeneration(program: Program, producer, value, anchor, max_nodes):
+  """(nodes, anchors) recomputing `value`, or None.
+
+  Walks back from `value`: a small value that is live at the use (or an
+  argument) becomes an anchor; a large one is recomputed while the subgraph has
+  room and its producer may be recomputed, and read as an anchor otherwise.
+  """
+  nodes: list[int] = []
+  anchors: set[int] = set()
+  stack, seen = [value], set()
+  while stack:
+    v = stack.pop()
+    if v in seen:
+      continue
+    seen.add(v)
+    if v != value and anchor(v, prefer_recompute=True):
+      anchors.add(v)
+      continue
+    node = program.nodes[producer[v]] if v in producer else None
+    if node is not None and recomputable(node) and (node.index in nodes or len(nodes) < max_nodes):
+      if node.index not in nodes:
+        nodes.append(node.index)
+      stack.extend(x for x in node.inputs if not isinstance(x, Const))
+    elif v != value and anchor(v, prefer_recompute=False):
+      anchors.add(v)
+    else:
+      return None
+  return nodes, tuple(sorted(anchors))
+
+
+def compatible(active: Sequence[Region], region: Region) -> bool:
+  """A region may join `active` if no anchor is evicted and its value anchors nobody."""
+  evicted = {r.value for r in active}
+  anchors = {a for r in active for a in r.anchors}
+  return not (set(region.anchors) & evicted) and region.value not in anchors \
+      and region.value not in evicted
+
+
+def _rank(graph: ShapeGraph, regions: list[Region], env, stats) -> list[Region]:
+  """Sort by FLOPs per byte saved: a before b iff cost_a * saved_b <= cost_b * saved_a."""
+
+  def cmp(a: Region, b: Region) -> int:
+    lhs, rhs = a.cost * b.saved, b.cost * a.saved
+    stats["comparisons"] += 1
+    kind = compare_lib.compare_polys(lhs, rhs, graph.constraints).kind
+    if kind in ("GE", "LE", "EQ"):
+      stats["decided"] += 1
+      return {"LE": -1, "GE": 1, "EQ": 0}[kind]
+    stats["depends" if kind == "DEPENDS" else "fallback"] += 1
+    x, y = lhs.evaluate(env), rhs.evaluate(env)
+    return (x > y) - (x < y)
+  return sorted(regions, key=functools.cmp_to_key(cmp))
+
+
+# --- rewrite ----------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Block:
+  """Where a region landed in a rewritten program."""
+  region: Region
+  barrier: int                  # node index of the fence
+  clones: tuple[int, ...]       # node indices of the recomputation
+  regenerated: int              # the value that replaces `region.value` from the consumer on
+
+
+def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
+                  ) -> tuple[Program, tuple[int, ...], tuple[Block, ...]]:
+  """The program with `regions` applied, its order (recomputation right before each
+  consumer), and where each region landed."""
+  nodes = list(program.nodes)
+  avals = dict(program.avals)
+  next_id = max(avals) + 1
+  order = list(order)
+  rename: dict[int, dict[int, int]] = {}   # consumer node -> {evicted value: regenerated value}
+  blocks = []
+  for r in regions:
+    k = order.index(r.consumer)
+    trigger = next((o for o in nodes[order[k - 1]].outputs), None) if k > 0 else None
+    fenced_in = list(r.anchors) + ([trigger] if trigger is not None else [])
+    # 1. The barrier: anchors (and the trigger) pass through together.
+    fenced_out = []
+    for a in fenced_in:
+      avals[next_id] = avals[a]
+      fenced_out.append(next_id)
+      next_id += 1
+    barrier = Node(index=len(nodes), primitive=lax.optimization_barrier_p, params={},
+                   inputs=tuple(fenced_in), outputs=tuple(fenced_out),
+                   source=f"jax_symmem remat fence for value {r.value}")
+    nodes.append(barrier)
+    new_order = [barrier.index]
+    mapping = dict(zip(r.anchors, fenced_out))
+    # 2. Clones of the regeneration subgraph read the fenced anchors.
+    for i in r.nodes:
+      old = program.nodes[i]
+      outs = []
+      for o in old.outputs:
+        avals[next_id] = avals[o]
+        mapping[o] = next_id
+        outs.append(next_id)
+        next_id += 1
+      clone = dataclasses.replace(
+          old, index=len(nodes), outputs=tuple(outs),
+          inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
+          source=old.source + " [recomputed]")
+      nodes.append(clone)
+      new_order.append(clone.index)
+    order[k:k] = new_order
+    blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value]))
+    # 3. Every use of the value from the consumer on reads the regenerated copy.
+    for later in order[order.index(r.consumer):]:
+      if later < len(program.nodes):
+        rename.setdefault(later, {})[r.value] = mapping[r.value]
+  for i, ren in rename.items():
+    n = nodes[i]
+    nodes[i] = dataclasses.replace(n, inputs=tuple(
+        x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
+  return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
+
+
+# --- rounds: evict at the peak, re-plan at the new peak -----------------------------------
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Round:
+  """The program after the first k rounds of eviction."""
+  regions: tuple[Region, ...]     # regions added in this round (empty for round 0)
+  blocks: tuple[Block, ...]       # where they landed in `program`
+  program: Program
+  order: tuple[int, ...]
+  graph: ShapeGraph
+
+  @functools.cached_property
+  def profile(self) -> memory.MemoryProfile:
+    return memory.profile(self.graph, self.program, self.order)
+
+  def peak_at(self, dims: Mapping[str, int]) -> int:
+    return memory.peak_at(self.graph, dims, self.program, self.order)
+
+
+def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
+                shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
+                per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:
+  """Repeatedly evicts the best-ranked regions across the current peak, as the paper does.
+
+  Each round plans on the program as rewritten so far (so the peak it attacks is
+  the real one after earlier evictions) and adds up to `per_round` compatible
+  regions. Stops when no region is left or the peak at the shape of interest
+  has not improved for `patience` rounds. Round k is a complete program: at run
+  time, the smallest k that fits the budget is dispatched.
+  """
+  tight = dict(shape_of_interest or graph.max_dims())
+  rounds = [Round((), (), graph.traced.program, tuple(order), graph)]
+  stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
+  best, stale = rounds[0].peak_at(tight), 0
+  for _ in range(max_rounds):
+    last = rounds[-1]
+    p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight)
+    for k, v in p.stats.items():
+      stats[k] += v
+    chosen: list[Region] = []
+    for r in p.regions:
+      if compatible(chosen, r):
+        chosen.append(r)
+      if len(chosen) == per_round:
+        break
+    if not chosen:
+      break
+    program, new_order, blocks = apply_regions(last.program, last.order, chosen)
+    rounds.append(Round(tuple(chosen), blocks, program, new_order, last.graph.extended(program)))
+    peak = rounds[-1].peak_at(tight)
+    best, stale = (peak, 0) if peak < best else (best, stale + 1)
+    if stale >= patience:
+      break
+  stats["rounds"] = len(rounds) - 1
+  return tuple(rounds), stats

@@ -1,0 +1,155 @@
+"""symmem.jit: same numbers as jax.jit, host-side decisions, caching, clear errors, fallback."""
+
+import functools
+import logging as py_logging
+import threading
+
+from absl import logging
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import jit as jit_lib
+from jax_symmem.examples import transformer
+
+CFG = transformer.Config(vocab=61, d_model=32, n_heads=2, d_ff=64, n_layers=2)
+CONSTRAINTS = ("s >= 2", "b <= 4", "s <= 128")
+SHAPES = (None, "b, s", "b, s")
+
+
+def _assert_tree_close(got, want, rtol=1e-5):
+  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+    np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def _budgeted_step(budget):
+  return symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, memory_budget=budget)
+
+
+def _min_and_max_peaks(step, dims):
+  a = step.analyze(*transformer.example_args(CFG, 2, 8))
+  peaks = [r.peak_at(dims) for r in a.rounds]
+  return min(peaks), peaks[0], a
+
+
+def test_matches_jax_jit_without_budget_and_caches_per_shape():
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS)
+  ref = jax.jit(transformer.make_train_step(CFG))
+  for b, s in ((1, 2), (2, 17), (4, 128), (2, 17)):
+    args = transformer.example_args(CFG, b, s)
+    _assert_tree_close(step(*args), ref(*args))
+  info = step.cache_info()
+  assert info["compiles"] == 3 and info["hits"] == 1 and info["fallback_calls"] == 0
+
+
+def test_tight_budget_activates_regions_and_keeps_the_numbers():
+  dims = {"b": 4, "s": 128}
+  probe = _budgeted_step(None)
+  lowest, unoptimized, analysis = _min_and_max_peaks(probe, dims)
+  budget = (lowest + unoptimized) // 2
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, memory_budget=budget)
+  args = transformer.example_args(CFG, 4, 128)
+  del probe
+  _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
+  (key,) = [k for k in step._executables if dict(k[1]) == dims]
+  assert key[2] > 0, "a budget below the unoptimized peak must activate a round"
+  # The recomputation survived XLA: barriers in the HLO, and less temp memory than round 0.
+  exe = step._executables[key]
+  assert "opt-barrier" in exe.as_text()
+  base = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, memory_budget=10 * unoptimized)
+  base(*args)
+  (base_exe,) = base._executables.values()
+  assert exe.memory_analysis().temp_size_in_bytes < base_exe.memory_analysis().temp_size_in_bytes
+  # Short batches need no eviction.
+  small = transformer.example_args(CFG, 1, 8)
+  step(*small)
+  assert [k[2] for k in step._executables if dict(k[1]) == {"b": 1, "s": 8}] == [0]
+
+
+def test_budget_below_the_minimum_fails_before_compiling():
+  probe = _budgeted_step(None)
+  lowest, _, _ = _min_and_max_peaks(probe, {"b": 4, "s": 128})
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, memory_budget=lowest // 4)
+  with pytest.raises(symmem.BudgetError, match="smallest achievable peak"):
+    step(*transformer.example_args(CFG, 4, 128))
+  assert step.cache_info()["compiles"] == 0
+
+
+def test_shape_outside_the_constraints_names_dim_and_constraint():
+  step = _budgeted_step(None)
+  with pytest.raises(symmem.ShapeError, match=r"s = 200 is outside \[2, 128\].*s <= 128"):
+    step(*transformer.example_args(CFG, 2, 200))
+
+
+def test_wrong_structure_and_dynamic_kwargs_are_clear_errors():
+  step = _budgeted_step(None)
+  params, tokens, mask = transformer.example_args(CFG, 2, 8)
+  with pytest.raises(symmem.ShapeError, match="traced for arguments with structure"):
+    step(params, tokens, mask, mask)
+  with pytest.raises(TypeError, match="static_argnames"):
+    step(params, tokens, mask=mask)
+
+
+def test_untraceable_function_falls_back_to_jax_jit_with_one_warning(caplog):
+  def f(x):
+    if x.shape[0] > 3:      # Python control flow on a dim: not traceable symbolically
+      return x * 2.0
+    return x + 1.0
+  g = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING):
+    for n in (2, 5, 5):
+      np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
+  warnings = [r for r in caplog.records if "falls back to jax.jit" in r.getMessage()]
+  assert len(warnings) == 1 and "Python control flow" in warnings[0].getMessage()
+  assert g.cache_info()["fallback_calls"] == 3
+
+
+def test_static_argnums_and_decorator_form():
+  @symmem.jit(polymorphic_shapes=(None, "n"), static_argnums=0)
+  def scale(k, x):
+    return x * k
+  np.testing.assert_allclose(scale(3, jnp.ones(4)), 3 * np.ones(4))
+  np.testing.assert_allclose(scale(5, jnp.ones(7)), 5 * np.ones(7))
+  assert scale.cache_info()["compiles"] == 2
+
+
+def test_fractional_budget_needs_a_device_limit():
+  with pytest.raises(ValueError, match="reports no memory limit"):
+    jit_lib.resolve_budget(0.5)
+  with pytest.raises(ValueError, match=r"in \(0, 1\]"):
+    jit_lib.resolve_budget(1.5)
+  assert jit_lib.resolve_budget(None) is None          # CPU: no limit, no eviction
+  assert jit_lib.resolve_budget(123) == 123
+
+
+def test_guarded_rewrite_runs_under_plain_jit():
+  step = _budgeted_step(None)
+  args = transformer.example_args(CFG, 2, 16)
+  a = step.analyze(*transformer.example_args(CFG, 2, 8))
+  dims = {"b": 2, "s": 16}
+  flat = jax.tree_util.tree_leaves(args)
+  for budget in (None, a.rounds[-1].peak_at(dims)):
+    fn = jax.jit(a.guarded_function(dims, budget=budget))
+    text = fn.lower(*flat).as_text()
+    assert "cond" in text or "case" in text
+    _assert_tree_close(jax.tree_util.tree_unflatten(a.traced.out_tree, fn(*flat)),
+                       jax.jit(transformer.make_train_step(CFG))(*args), rtol=1e-5)
+
+
+def test_threads_share_one_compile_per_variant():
+  step = symmem.jit(lambda x: jnp.sum(x * x), polymorphic_shapes=("n",))
+  xs = [jnp.ones(9)] * 8
+  threads = [threading.Thread(target=step, args=(x,)) for x in xs]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join()
+  assert step.cache_info()["compiles"] == 1
