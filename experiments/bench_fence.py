@@ -10,7 +10,7 @@ XLA's memory_analysis() temp of:
   schedule_fenced_memopt  the same, compiled with the memory-optimized scheduler
 Barriers are kept by disabling cse_barrier_expander (F1).
 
-  python experiments/bench_fence.py [--lengths 64,128,256,512,1024] [--batch 4]
+  python -m experiments.bench_fence [--lengths 64,128,256,512,1024] [--batch 4]
 """
 
 import argparse

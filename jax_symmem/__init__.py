@@ -26,6 +26,7 @@ from jax_symmem._src.errors import ShapeSpecError
 from jax_symmem._src.errors import SymmemError
 from jax_symmem._src.errors import TracingError
 from jax_symmem._src.poly import Poly
+from jax_symmem._src.report import memory_report
 from jax_symmem._src.report import shape_report
 from jax_symmem._src.shape_graph import Relation
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -63,5 +64,5 @@ __all__ = [
     "Analysis", "BudgetError", "SymmemFunction", "analyze", "jit",
     "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
     "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
-    "shape_graph", "shape_report", "symbolic", "trace",
+    "memory_report", "shape_graph", "shape_report", "symbolic", "trace",
 ]

@@ -95,7 +95,10 @@ class Region:
       at = (f" [{self.saved.evaluate(env) / 2**20:.2f} MiB, "
             f"{self.cost.evaluate(env) / 1e6:.2f} MFLOP at {dims}]")
     info = graph.values[self.value]
-    return (f"evict {info.shape_str()} from {self.source.rsplit('/', 1)[-1]}: "
+    where = self.source.rsplit("/", 1)[-1]
+    if where.startswith(" ") or not where:   # produced inside JAX (no user frame)
+      where = f"{info.primitive} (no user source line){where}"
+    return (f"evict {info.shape_str()} from {where}: "
             f"saves {self.saved} B, recompute {len(self.nodes)} op(s) = {self.cost} FLOPs" + at)
 
 

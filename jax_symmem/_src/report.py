@@ -41,3 +41,24 @@ def shape_report(graph: ShapeGraph, top: int = 8) -> str:
       a, b = graph.bytes(largest[i].id), graph.bytes(largest[j].id)
       lines.append(f"  {a}  vs  {b}:  {graph.compare(a, b)}")
   return "\n".join(lines)
+
+
+def memory_report(analysis, shapes, budget: int | None = None) -> str:
+  """Modeled peaks per shape: trace order, scheduled, and as dispatched under `budget`."""
+  import dataclasses
+  from jax_symmem._src.errors import BudgetError
+  a = dataclasses.replace(analysis, memory_budget=budget)
+  head = "as dispatched" + (f" (budget {_mib(budget)})" if budget else " (no budget)")
+  lines = [f"modeled peak memory per shape (jaxpr-level model, MiB):",
+           f"  {'dims':<18} {'trace order':>12} {'scheduled':>12} {head:>34} {'round':>6}"]
+  for dims in shapes:
+    base = a.baseline_peak_bytes(**dims) / 2**20
+    sched = a.rounds[0].peak_at(dims) / 2**20
+    try:
+      k = a.choose_round(dims, budget)
+      disp, round_str = f"{a.rounds[k].peak_at(dims) / 2**20:>12.1f}", str(k)
+    except BudgetError:
+      disp, round_str = "over budget", "-"
+    dims_str = ", ".join(f"{k}={v}" for k, v in dims.items())
+    lines.append(f"  {dims_str:<18} {base:>12.1f} {sched:>12.1f} {disp:>34} {round_str:>6}")
+  return "\n".join(lines)

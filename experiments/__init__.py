@@ -1,0 +1,1 @@
+"""Benchmark scripts: run from the repository root as `python -m experiments.<name>`."""
