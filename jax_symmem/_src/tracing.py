@@ -287,7 +287,37 @@ def _eval_jaxpr_concrete(jaxpr, consts, args, env):
   return [read(v) for v in jaxpr.outvars]
 
 
+class _IdentityCache:
+  """A small LRU cache keyed by an object's identity and a dims environment.
+
+  Specialization must return the *same* objects for the same (program, dims):
+  JAX compares jaxpr-valued params by identity, so a fresh copy per call would
+  miss its compiled-op cache and recompile (and leak a little memory) each time.
+  """
+
+  def __init__(self, maxsize: int = 512):
+    self._items: dict = {}
+    self._maxsize = maxsize
+
+  def get(self, obj, env: Mapping[str, int], make: Callable[[], Any]):
+    key = (id(obj), tuple(sorted(env.items())))
+    hit = self._items.pop(key, None)
+    if hit is None or hit[0] is not obj:
+      hit = (obj, make())
+    self._items[key] = hit            # most recently used last
+    while len(self._items) > self._maxsize:
+      self._items.pop(next(iter(self._items)))
+    return hit[1]
+
+
+_SPECIALIZED = _IdentityCache()
+
+
 def _concrete_jaxpr(j, env):
+  return _SPECIALIZED.get(j, env, lambda: _make_concrete_jaxpr(j, env))
+
+
+def _make_concrete_jaxpr(j, env):
   jaxpr, consts = _closed(j)
   specs = [jax.ShapeDtypeStruct(_concrete_aval(v.aval, env).shape, v.aval.dtype)
            for v in jaxpr.invars]
@@ -316,9 +346,14 @@ def concrete_params(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[s
 
 
 def specialize_program(program: Program, env: Mapping[str, int]) -> Program:
+  """`program` at concrete dims (cached: the same object for the same program and dims)."""
+  return _SPECIALIZED.get(program, env, lambda: _make_specialized(program, env))
+
+
+def _make_specialized(program: Program, env: Mapping[str, int]) -> Program:
   nodes = tuple(dataclasses.replace(
       n, params=concrete_params(n.params, env),
-      subprograms=tuple(specialize_program(p, env) for p in n.subprograms))
+      subprograms=tuple(_make_specialized(p, env) for p in n.subprograms))
       for n in program.nodes)
   avals = {i: _concrete_aval(a, env) for i, a in program.avals.items()}
   return Program(program.inputs, nodes, program.outputs, avals)
