@@ -59,6 +59,9 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
   (key,) = [k for k in step._executables if dict(k[1]) == dims]
   assert key[2] > 0, "a budget below the unoptimized peak must activate a round"
+  # Each compiled round calibrated the model against XLA's memory_analysis().
+  (calibration,) = step._calibration.values()
+  assert key[2] in calibration and calibration[key[2]] > 0
   # The recomputation survived XLA: barriers in the HLO, and less temp memory than round 0.
   exe = step._executables[key]
   assert "opt-barrier" in exe.as_text()

@@ -32,23 +32,26 @@ class Analysis:
 
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
-                   reserved: int = 0) -> int:
-    """The smallest round whose modeled peak (plus `reserved` bytes held by others) fits.
+                   reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
+    """The smallest round whose predicted peak (plus `reserved` bytes held by others) fits.
 
+    The prediction is the modeled peak, times `scale[k]` where the caller has
+    calibrated round k against what XLA reported for compiled variants.
     Raises BudgetError, naming the smallest achievable peak, when none fits.
     """
     if budget is None:
       return 0
+    scale = scale or {}
     peaks = []
     for k, r in enumerate(self.rounds):
-      peak = r.peak_at(dims)
+      peak = int(r.peak_at(dims) * scale.get(k, 1.0))
       if peak + reserved <= budget:
         return k
       peaks.append(peak)
     best = min(peaks)
     raise BudgetError(
         f"memory budget {budget / 2**20:.1f} MiB is below the smallest achievable peak at "
-        f"{dict(dims)}: {best / 2**20:.1f} MiB modeled"
+        f"{dict(dims)}: {best / 2**20:.1f} MiB " + ("predicted" if scale else "modeled")
         + (f" plus {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
         + "; raise the budget or use shorter/smaller batches")
 

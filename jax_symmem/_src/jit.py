@@ -89,6 +89,7 @@ class SymmemFunction:
     self._analyses: dict[Any, analysis_lib.Analysis | None] = {}
     self._executables: dict[Any, Any] = {}
     self._decisions: dict[Any, int] = {}
+    self._calibration: dict[Any, dict[int, float]] = {}   # static key -> round -> XLA/model
     self._fallbacks: dict[Any, Callable] = {}
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0}
 
@@ -115,7 +116,7 @@ class SymmemFunction:
     with self._lock:
       k = self._decisions.get(key)
       if k is None:
-        k = analysis.choose_round(dims, budget, reserved)
+        k = analysis.choose_round(dims, budget, reserved, self._calibration.get(static_key))
       exe_key = (static_key, dims_key, k)
       exe = self._executables.get(exe_key)
       if exe is None:
@@ -192,7 +193,9 @@ class SymmemFunction:
     else:
       options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
     donate = tuple(i for i, _ in enumerate(flat)) if self._donate else ()
-    for attempt in range(MAX_RECOMPILES + 1):
+    calibration = self._calibration.setdefault(static_key, {})
+    compiled = []   # (footprint, k, executable)
+    for _ in range(MAX_RECOMPILES + 1):
       r = analysis.rounds[k]
       program = tracing.specialize_program(r.program, env)
       order = r.order
@@ -201,20 +204,26 @@ class SymmemFunction:
       self._counts["compiles"] += 1
       ma = exe.memory_analysis()
       footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-                   - ma.alias_size_in_bytes) if ma is not None else None
-      logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %s bytes",
-                   analysis.traced.fun_name, dims, k, footprint)
-      fits = budget is None or footprint is None or footprint + reserved <= budget
-      if fits or k + 1 >= len(analysis.rounds) or attempt == MAX_RECOMPILES:
-        if not fits:
-          logging.warning("jax_symmem: %s at %s: XLA reports %.1f MiB for the last round, "
-                          "above the %.1f MiB budget", analysis.traced.fun_name, dims,
-                          footprint / 2**20, budget / 2**20)
-        self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
-        return exe, k
+                   - ma.alias_size_in_bytes) if ma is not None else 0
+      # Calibrate: XLA fuses and schedules on its own, so its figure is the truth.
+      if budget is not None and footprint:
+        calibration[k] = footprint / max(1, r.peak_at(dims))
+      logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
+                   analysis.traced.fun_name, dims, k, footprint / 2**20)
+      compiled.append((footprint, k, exe))
+      if budget is None or footprint + reserved <= budget or k + 1 >= len(analysis.rounds):
+        break
       k += 1
       self._counts["recompiles"] += 1
-    raise AssertionError("unreachable")
+    footprint, k, exe = min(compiled, key=lambda c: (budget is not None and
+                                                      c[0] + reserved > budget, c[1]))
+    if budget is not None and footprint + reserved > budget:
+      footprint, k, exe = min(compiled, key=lambda c: c[0])
+      logging.warning("jax_symmem: %s at %s: XLA reports %.1f MiB for the best variant compiled "
+                      "(round %d), above the %.1f MiB budget", analysis.traced.fun_name, dims,
+                      footprint / 2**20, k, budget / 2**20)
+    self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
+    return exe, k
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
