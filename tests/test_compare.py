@@ -9,6 +9,8 @@ itself (parse both sides, evaluate, compare), so it does not share
 
 import functools
 import itertools
+import json
+import pickle
 import random
 import re
 
@@ -64,13 +66,13 @@ def check_against_brute_force(lhs, rhs, constraints, ranges, *, exhaustive=True)
   dims): claims are checked where it reaches, witnesses everywhere.
   """
   o = compare(lhs, rhs, constraints=constraints)
-  lp, rp = Poly.lift(lhs) if not isinstance(lhs, str) else parse(lhs), \
-      Poly.lift(rhs) if not isinstance(rhs, str) else parse(rhs)
+  lp, rp = (parse(x) if isinstance(x, str) else Poly.lift(x) for x in (lhs, rhs))
   points = [(env, _sign(lp.evaluate(env) - rp.evaluate(env)))
             for env in _allowed_points(ranges, constraints)]
   signs = {sg for _, sg in points}
   where = f"{lhs} vs {rhs} under {constraints}: {o!r}"
   assert o.kind in ("GE", "LE", "EQ", "DEPENDS", "UNKNOWN"), where
+  assert o.method != "inconsistent", where
   if o.kind == "GE":
     assert -1 not in signs, where
   if o.kind == "LE":
@@ -127,9 +129,9 @@ def test_pure_polynomials_agree_with_brute_force(seed, ndims, sizes):
   assert o.decided
 
 
-def _atom_pool(rng):
+def _atom_pool():
   return [s.floordiv(2), s.mod(3), b.max(s), b.min(h), (b * s).floordiv(4), s.floordiv(b),
-          (s + h).mod(4), b.max(2), s.floordiv(-3)]
+          (s + h).mod(4), b.max(2), s.floordiv(-3), b.max(s).floordiv(2), (b - s).max(1)]
 
 
 @pytest.mark.parametrize("chunk", range(4))
@@ -139,11 +141,11 @@ def test_operation_atoms_agree_with_brute_force(chunk):
   constraints = ["b <= 4", "s <= 9", "h <= 3"]
   decided = 0
   for _ in range(40):
-    atoms = rng.sample(_atom_pool(rng), 2)
+    atoms = rng.sample(_atom_pool(), 2)
     lhs = _random_poly(rng, [b, s, h], 2, atoms)
     rhs = _random_poly(rng, [b, s, h], 2, atoms)
     decided += check_against_brute_force(lhs, rhs, constraints, ranges).decided
-  assert decided >= 30
+  assert decided >= 38
 
 
 @pytest.mark.parametrize("constraints,ranges", [
@@ -155,11 +157,13 @@ def test_operation_atoms_agree_with_brute_force(chunk):
 def test_constraints_agree_with_brute_force(constraints, ranges):
   rng = random.Random(str(constraints))
   dims = [Poly.var(n) for n in sorted(ranges)]
-  atoms = [s.floordiv(2), s.mod(2), b.max(s)]
+  atoms = [s.floordiv(2), s.mod(2), b.max(s), b.max(s - 3)]
+  decided = 0
   for i in range(60):
     lhs = _random_poly(rng, dims, 3, atoms if i % 3 == 0 else ())
     rhs = _random_poly(rng, dims, 3, atoms if i % 3 == 0 else ())
-    check_against_brute_force(lhs, rhs, constraints, ranges)
+    decided += check_against_brute_force(lhs, rhs, constraints, ranges).decided
+  assert decided >= 57
 
 
 def test_unbounded_dims_agree_on_a_sub_box():
@@ -219,6 +223,24 @@ def test_unbounded_dims():
   assert compare("min(b, s)", "s").kind == "LE"
 
 
+def test_substitution_inside_operation_atoms():
+  # s*max(b, s - 3) with s == 2*k: both the factor s and the atom's s are rewritten
+  lhs, rhs = -b * k - 3 * k * s + 2 * s.mod(3) - 2, -7 * s * b.max(s - 3) + 3 * b + 6
+  o = check_against_brute_force(lhs, rhs, ["s == 2*k", "k <= 5", "s <= 10", "b <= 4"],
+                                {"b": 4, "s": 10, "k": 5})
+  assert o.kind == "DEPENDS"
+
+
+def test_reduced_difference_matches_constraints_reduce():
+  rng = random.Random(3)
+  cons = symbolic.parse_constraints(["s == 2*k", "h == 3*b*k + 1"], variables="bshk")
+  for _ in range(100):
+    atoms = rng.sample(_atom_pool(), 2)
+    lhs, rhs = _random_poly(rng, [b, s, h, k], 3, atoms), _random_poly(rng, [b, s, h, k], 3, atoms)
+    solver = compare_lib._Solver(lhs, rhs, cons)
+    assert Poly.from_dict(solver._reduced_difference()) == cons.reduce(lhs) - cons.reduce(rhs)
+
+
 def test_input_kinds():
   bb, ss = export.symbolic_shape("b, s")
   assert compare(4096, "s", constraints=["s <= 4096"]).kind == "GE"
@@ -253,6 +275,30 @@ def test_general_inequalities():
     symbolic.check_feasible(bad)
   symbolic.check_feasible(cons)
   symbolic.check_feasible(["s <= 8"])
+  together = ["b*s >= 100", "b*s <= 50", "b <= 64", "s <= 64"]   # each alone can hold
+  assert symbolic.is_feasible(together) is False
+  with pytest.raises(ConstraintError, match="together with the other"):
+    symbolic.check_feasible(together)
+
+
+@pytest.mark.parametrize("lhs,rhs,constraints,kind", [
+    # each case of max/min holds only on its region (b <= h for min(b, h) = b)
+    (b * b.min(h) ** 2 - 7 * b * s - 2 * b.min(h), 2, ["b <= 4", "s <= 9", "h <= 3"], "LE"),
+    (3 * s * s.max(b) ** 2 - 2 * b * s.max(b), 0, ["b <= 5", "s <= 8", "b >= 2"], "GE"),
+    (s.max(128) * b, 128 * b, [], "GE"),
+    # floordiv(p, k) = (p - m)/k needs p - m >= 0: 8*b*h*s + 6*h*floordiv(b*s, 4) > 6
+    (-8 * b * h * s - 6 * h * (b * s).floordiv(4), -6, ["b <= 4", "s <= 9", "h <= 3"], "LE"),
+    (-4 * b * h * s.floordiv(-3) - 2 * b * h, 0, ["b <= 4", "s <= 9", "h <= 3"], "GE"),
+    # a non-constant divisor: w = floordiv(s, b) with b*w <= s < b*(w + 1)
+    (b * s.floordiv(b) + s.mod(b), s, ["b <= 8", "s <= 64"], "EQ"),
+    (b * s.floordiv(b), s, ["b <= 8", "s <= 64"], "LE"),
+    # an inequality on a var the difference does not contain: s >= 2 since b <= 5
+    (3 * s ** 3 - 11 * s, 1, ["b*s >= 6", "b <= 5", "s <= 6"], "GE"),
+])
+def test_operation_atoms_and_regions(lhs, rhs, constraints, kind):
+  ranges = {"b": 8, "s": 64, "h": 3}
+  o = check_against_brute_force(lhs, rhs, constraints, ranges, exhaustive=bool(constraints))
+  assert o.kind == kind, o
 
 
 def test_unknown_is_never_a_claim(monkeypatch):
@@ -272,6 +318,8 @@ def test_ordering_is_read_only_and_cached():
   assert o1 is o2
   with pytest.raises(TypeError):
     o1.witness_gt["s"] = 1
+  assert pickle.loads(pickle.dumps(o1)) == o1
+  assert json.loads(json.dumps(o1.witness_lt)) == dict(o1.witness_lt)
 
 
 def test_decided_share_on_realistic_pairs():

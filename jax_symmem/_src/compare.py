@@ -12,9 +12,16 @@ integer assignment allowed by the constraints (every dimension >= 1):
 * UNKNOWN means out of budget or out of methods; it is never a claim.
 
 Everything is Python int arithmetic (DESIGN.md F9: sympy's Mod/floor
-simplification is wrong in places, JAX's `_evaluate` wraps at int32). See
-DESIGN.md F10 for why this is fast enough to sit inside a scheduler's inner
-loop: most comparisons stop after dividing out the common monomial.
+simplification is wrong in places, JAX's `_evaluate` wraps at int32). The
+order of the tests is by cost, so a scheduler can call this in its inner loop
+(DESIGN.md F10, experiments/bench_compare.py): on realistic byte sizes about
+half the pairs are settled by two witnesses among the box corners, most of the
+rest by the coefficient tests or one box of Bernstein coefficients.
+
+Operation atoms (floordiv/mod/max/min) are rewritten into plain polynomials
+over a box that contains every allowed point (see `_Solver._atoms`); general
+inequality constraints prune boxes. Neither ever makes a claim unsound: proofs
+hold on a superset, witnesses are checked on the original expressions.
 """
 
 from __future__ import annotations
@@ -23,8 +30,8 @@ import dataclasses
 import functools
 import itertools
 import math
+import operator
 import random
-import types
 from typing import Callable, Iterable, Mapping, Sequence
 
 from jax_symmem._src import constraints as constraints_lib
@@ -46,6 +53,8 @@ _BOX_BUDGET = 4000
 _MAX_CASE_DEPTH = 6
 # Random probes of the original expression when the proofs leave a sign open.
 _PROBES = 48
+# Points one box problem passes on as witness candidates (relaxed ones rarely verify).
+_REPORTS = 16
 # Upper cap on the finite part of an unbounded dimension's range.
 _MAX_CAP = 1 << 40
 
@@ -116,6 +125,19 @@ class Ordering:
     return f"{self.kind}: {self.lhs} {rel} {self.rhs} for all allowed dimensions"
 
 
+class _FrozenEnv(dict):
+  """A read-only dict (witnesses are shared through the cache); pickles and JSON-dumps as a dict."""
+
+  def _read_only(self, *args, **kwargs):
+    raise TypeError("a witness assignment is read-only; copy it with dict(...)")
+
+  __setitem__ = __delitem__ = __ior__ = _read_only
+  clear = pop = popitem = setdefault = update = _read_only
+
+  def __reduce__(self):
+    return (_FrozenEnv, (dict(self),))
+
+
 def _fmt_env(env: Mapping[str, int] | None) -> str:
   return ", ".join(f"{k}={v}" for k, v in sorted(env.items())) if env else "-"
 
@@ -154,13 +176,12 @@ def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
   every comparison vacuously true.
   """
   cons = _as_constraints(constraints, ())
-  ok, bad = _feasibility(cons)
+  ok, why = _feasibility(cons)
   if ok is False:
     box = ", ".join(f"{lo} <= {v}" + (f" <= {hi}" if hi is not None else "")
                     for v, lo, hi in cons.bounds)
-    what = f"{bad} >= 0 can never hold" if bad is not None else "the constraints cannot hold together"
     raise ConstraintError(
-        f"{what} within the bounds {box} (constraints: {', '.join(cons.source)}); "
+        f"{why} within the bounds {box} (constraints: {', '.join(cons.source)}); "
         "relax the constraint or widen the bounds")
 
 
@@ -194,7 +215,7 @@ def _as_constraints(c: constraints_lib.ConstraintsLike, variables: Iterable[str]
 
 
 # --------------------------------------------------------------------------
-# Dense-free polynomial kernel: {exponent tuple: int} over an ordered var list
+# Polynomial kernel: {exponent tuple: int} over an ordered var list
 # --------------------------------------------------------------------------
 def _to_dict(p: Poly, names: Sequence[str]) -> dict[tuple[int, ...], int]:
   index = {n: i for i, n in enumerate(names)}
@@ -258,19 +279,10 @@ class _Dense:
 
   def __init__(self, P, degs: Sequence[int]):
     self.degs = tuple(degs)
-    self.strides = []
-    s = 1
-    for d in reversed(self.degs):
-      self.strides.append(s)
-      s *= d + 1
-    self.strides.reverse()
-    self.size = s
-    self.coeffs = [0] * s
+    self.strides, self.size, self.corner_index = _layout(self.degs)
+    self.coeffs = [0] * self.size
     for e, c in P.items():
-      self.coeffs[sum(ei * st for ei, st in zip(e, self.strides))] = c
-    self.corner_index = [
-        (bits, sum(st * d for b, st, d in zip(bits, self.strides, self.degs) if b))
-        for bits in itertools.product((0, 1), repeat=len(self.degs))]
+      self.coeffs[sum(map(operator.mul, e, self.strides))] = c
 
   def bernstein(self, box: Sequence[tuple[int, int]]) -> list[int]:
     """Bernstein coefficients on `box` (a positive multiple: signs are exact)."""
@@ -278,7 +290,6 @@ class _Dense:
     for (lo, hi), n, stride in zip(box, self.degs, self.strides):
       t = _apply_axis(t, _bmatrix(n, lo, hi - lo), n, stride, self.size)
     return t
-
 
   def split_axis(self, B: list[int], box) -> int:
     """The axis along which the Bernstein coefficients vary most (a splittable one).
@@ -299,18 +310,30 @@ class _Dense:
     return best_j
 
 
+@functools.lru_cache(maxsize=256)
+def _layout(degs: tuple[int, ...]):
+  """Strides, size and corner entries ((bits, flat index), ...) of a tensor with these degrees."""
+  strides = []
+  size = 1
+  for d in reversed(degs):
+    strides.append(size)
+    size *= d + 1
+  strides.reverse()
+  corners = tuple((bits, sum(st * d for b, st, d in zip(bits, strides, degs) if b))
+                  for bits in itertools.product((0, 1), repeat=len(degs)))
+  return tuple(strides), size, corners
+
+
 def _apply_axis(t: list[int], M, n: int, stride: int, size: int) -> list[int]:
+  """Multiplies every fiber of the flat tensor `t` along one axis by the matrix M."""
   out = [0] * size
   block = stride * (n + 1)
-  rng = range(n + 1)
+  mul = operator.mul
   for base in range(0, size, block):
     for start in range(base, base + stride):
       vec = t[start:start + block:stride]
-      if not any(vec):
-        continue
-      for i in rng:
-        row = M[i]
-        out[start + i * stride] = sum(row[e] * vec[e] for e in rng if vec[e])
+      if any(vec):
+        out[start:start + block:stride] = [sum(map(mul, row, vec)) for row in M]
   return out
 
 
@@ -434,7 +457,9 @@ class _BoxProblem:
     self.fixed: dict[str, int] = {}
     self.found = {1: False, -1: False}
     self.points: dict[int, dict[str, int]] = {}   # the first feasible point of each sign
+    self.reports = 0   # calls to on_point: each costs an exact evaluation of the original
     self.active = 0   # how many vars P really depends on (after _simplify)
+    self.empty = False   # an inequality excludes the whole box (after _simplify)
 
   # --- evidence -------------------------------------------------------------
   def _feasible(self, x: Sequence[int]) -> bool:
@@ -445,14 +470,17 @@ class _BoxProblem:
     if value is None:
       value = _eval(self.P, x)
     s = _sign(value)
-    if s == 0 or not self._feasible(x):
+    if s == 0 or (self.ineqs and not self._feasible(x)):
       return
     self.found[s] = True
-    if s not in self.points or (self.on_point is not None and self.solver.witness[s] is None):
+    report = (self.on_point is not None and self.solver.witness[s] is None
+              and self.reports < _REPORTS)
+    if s not in self.points or report:
       env = dict(self.fixed)
       env.update(zip(self.names, x))
       self.points.setdefault(s, env)
-      if self.on_point is not None:
+      if report:
+        self.reports += 1
         self.on_point(env, s)
 
   # --- simplification -------------------------------------------------------
@@ -482,6 +510,10 @@ class _BoxProblem:
         if sup & keep and not sup <= keep:
           keep |= sup
           grown = True
+    # An inequality P does not see can still make the whole region empty
+    # (a case of max/min that cannot happen); then every claim holds vacuously.
+    self.empty = any(not sup & keep and self._never_holds(g)
+                     for g, sup in zip(self.ineqs, supports))
     if len(keep) == n and not any(mins):
       return
     keep = sorted(keep)
@@ -491,11 +523,21 @@ class _BoxProblem:
     self.names = [self.names[j] for j in keep]
     self.box = [self.box[j] for j in keep]
 
+  def _never_holds(self, g) -> bool:
+    """Proves g <= -1 on the box: no point satisfies g >= 0."""
+    g1 = dict(g)
+    zero = (0,) * len(self.names)
+    g1[zero] = g1.get(zero, 0) + 1
+    g1 = {e: c for e, c in g1.items() if c}
+    if not g1:
+      return False
+    return _BoxProblem(self.solver, g1, self.names, self.box, (), None).decide(False, True).le
+
   # --- the procedure --------------------------------------------------------
   def decide(self, want_ge: bool = True, want_le: bool = True) -> _Result:
     self._simplify()
     P = self.P
-    if not P:
+    if not P or self.empty:
       return _Result(True, True, "constant")
     if not self.names:
       s = _sign(P[()])
@@ -503,9 +545,10 @@ class _BoxProblem:
       return _Result(s >= 0, s <= 0, "coefficients")
     if self.active == 1:
       res = self._univariate()
-      if res.ge or res.le or len(self.names) == 1 or None not in self.solver.witness.values():
+      settled = (res.ge or not want_ge) and (res.le or not want_le)
+      if settled or not self.ineqs or None not in self.solver.witness.values():
         return res
-      self.found = {1: False, -1: False}   # linked vars may make some pieces infeasible
+      self.found = {1: False, -1: False}   # inequalities may make some pieces infeasible
     ge = want_ge and self._same_sign(1)
     le = want_le and self._same_sign(-1)
     if ge or le:
@@ -560,9 +603,8 @@ class _BoxProblem:
     return (lo, hi if hi is not None else max(lo + 1, self.solver.cap(self.P, j, lo)))
 
   def _probe_corners(self) -> None:
-    n = len(self.names)
-    axes = [self._corner_values(j) for j in range(n)]
-    for x in itertools.chain(itertools.product(*axes), [tuple((a + b) // 2 for a, b in axes)]):
+    """Evaluates P at the box corners: the cheapest way to two witnesses (DEPENDS)."""
+    for x in itertools.product(*(self._corner_values(j) for j in range(len(self.names)))):
       self._point(x)
       if self.found[1] and self.found[-1]:
         return
@@ -676,6 +718,25 @@ class _BoxProblem:
       self._point(tuple(x))
 
 
+def _substitute_term(mono, c: int, subs, eliminated, cons: Constraints):
+  """The terms of c * mono after the substitutions (fast when each is a monomial)."""
+  slow = any((isinstance(a, Var) and a in subs and len(subs[a].terms) != 1)
+             or (isinstance(a, OpAtom) and a.variables() & eliminated) for a, _ in mono)
+  if slow:
+    return cons.reduce(Poly(((mono, c),))).terms
+  exps: dict = {}
+  for a, e in mono:
+    q = subs.get(a) if isinstance(a, Var) else None
+    if q is None:
+      exps[a] = exps.get(a, 0) + e
+      continue
+    (qm, qc), = q.terms
+    c *= qc ** e
+    for b, f in qm:
+      exps[b] = exps.get(b, 0) + f * e
+  return ((tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key)), c),)
+
+
 def _pin(P, values: Mapping[int, int]):
   """Substitutes constants for some coordinates (they stay, with exponent 0)."""
   out: dict[tuple[int, ...], int] = {}
@@ -772,6 +833,19 @@ class _Rewrite:
   k: int
   q: str
   r: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+  """What a relaxed subproblem carries down the atom rewrites."""
+  bounds: Mapping[str, tuple[int, int | None]]   # every var's box, fresh vars included
+  ineqs: tuple[Poly, ...] = ()                   # g >= 0 on the region (prune only)
+  rewrites: tuple[_Rewrite, ...] = ()            # to map points back to the original dims
+  depth: int = 0                                 # max/min case splits so far
+  want: tuple[bool, bool] = (True, True)         # which of ge / le are still worth proving
+
+  def but(self, **changes) -> "_Frame":
+    return dataclasses.replace(self, **changes)
 
 
 class _Solver:
@@ -878,30 +952,29 @@ class _Solver:
         pass
     return None
 
-  def probe_randomly(self, names: Sequence[str], count: int) -> None:
-    """Corners, centre and seeded random points of the free-var box."""
+  def samples(self, names: Iterable[str], count: int) -> list[dict[str, int]]:
+    """Corners, centre and seeded random points of the box of `names` (near lo, too)."""
     names = sorted(names)
     rng = random.Random(0)
     axes = []
     for v in names:
       lo, hi = self.bound(v)
       axes.append((lo, hi if hi is not None else max(2 * lo, 1 << 12)))
-    points = list(itertools.islice(itertools.product(*axes), 64))
+    points = list(itertools.islice(itertools.product(*axes), 16))
     points.append(tuple((a + b) // 2 for a, b in axes))
     points += [tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)]
     points += [tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)]
-    for x in points:
+    return [dict(zip(names, x)) for x in points]
+
+  def probe_randomly(self, names: Iterable[str], count: int) -> None:
+    for env in self.samples(names, count):
       if self.witness[1] is not None and self.witness[-1] is not None:
         return
-      self.probe(dict(zip(names, x)))
+      self.probe(env)
 
   # --- the procedure --------------------------------------------------------
   def run(self) -> Ordering:
-    # lhs - rhs on monomials directly: the hot path skips Poly's canonical sorting.
-    diff = dict(self.cons.reduce(self.lhs).terms)
-    for mono, c in self.cons.reduce(self.rhs).terms:
-      diff[mono] = diff.get(mono, 0) - c
-    diff = {mono: c for mono, c in diff.items() if c}
+    diff = self._reduced_difference()
     if all(not mono for mono in diff):
       return self._constant(diff.get((), 0))
     atoms = {a for mono in diff for a, _ in mono}
@@ -920,14 +993,34 @@ class _Solver:
       res = _BoxProblem(self, P, names, box, gs, self.on_point).decide()
       return self._finish(res, names)
     d = Poly.from_dict(diff)
-    self.probe_randomly(d.variables(), _PROBES // 2)
+    self.probe_randomly(d.variables(), 4)
     if self.witness[1] is not None and self.witness[-1] is not None:
       return self._ordering(DEPENDS, "witness")
-    bounds = {v: self.bound(v) for v in d.variables()}
-    ineqs = tuple(g for g in self.cons.inequalities if not _has_ops(g))
-    res = self._atoms(d, bounds, ineqs, (), 0)
+    frame = _Frame(bounds={v: self.bound(v) for v in d.variables()},
+                   ineqs=tuple(g for g in self.cons.inequalities if not _has_ops(g)))
+    res = self._atoms(d, frame)
     res.dim, res.pieces = None, ()
     return self._finish(res, d.variables())
+
+  def _reduced_difference(self) -> dict:
+    """reduce(lhs) - reduce(rhs) as {monomial: coeff}, skipping Poly's canonical sorting.
+
+    A substitution by a monomial (s == 128*k, the usual divisibility constraint)
+    is applied term by term here; anything else goes through `Constraints.reduce`.
+    """
+    diff = dict(self.lhs.terms)
+    if not self.cons.substitutions:
+      for mono, c in self.rhs.terms:
+        diff[mono] = diff.get(mono, 0) - c
+      return {mono: c for mono, c in diff.items() if c}
+    subs = {Var(v): q for v, q in self.cons.substitutions}
+    eliminated = self.cons.eliminated
+    diff = {}
+    for p, sign in ((self.lhs, 1), (self.rhs, -1)):
+      for mono, c in p.terms:
+        for m2, c2 in _substitute_term(mono, sign * c, subs, eliminated, self.cons):
+          diff[m2] = diff.get(m2, 0) + c2
+    return {mono: c for mono, c in diff.items() if c}
 
   def _constant(self, c: int) -> Ordering:
     s = _sign(c)
@@ -961,8 +1054,8 @@ class _Solver:
       gt = lt = None
     return Ordering(
         kind=kind, lhs=self.lhs, rhs=self.rhs,
-        witness_gt=types.MappingProxyType(gt) if gt else None,
-        witness_lt=types.MappingProxyType(lt) if lt else None,
+        witness_gt=_FrozenEnv(gt) if gt else None,
+        witness_lt=_FrozenEnv(lt) if lt else None,
         dim=res.dim if res is not None and res.pieces else None,
         pieces=res.pieces if res is not None else (),
         method=method)
@@ -972,8 +1065,7 @@ class _Solver:
     self.fresh += 1
     return f"{tag}#{self.fresh}"   # '#' never occurs in a JAX dimension name
 
-  def _atoms(self, d: Poly, bounds: dict, ineqs: tuple[Poly, ...],
-             rewrites: tuple[_Rewrite, ...], depth: int) -> _Result:
+  def _atoms(self, d: Poly, f: _Frame) -> _Result:
     """Decides d by rewriting or relaxing its operation atoms until it is a plain polynomial.
 
     Every step keeps soundness for proofs: exact rewrites (s = k*q + r),
@@ -989,30 +1081,31 @@ class _Solver:
       return _Result(s >= 0, s <= 0, "constant")
     ops = sorted((a for a in d.atoms() if isinstance(a, OpAtom)), key=lambda a: a.sort_key)
     if not ops:
-      return self._plain(d, bounds, ineqs, rewrites)
+      return self._plain(d, f)
+    # Cases first: their regions often become bounds (s >= 128) that the rewrites then use.
+    for a in ops:
+      if a.op in (poly_lib.MAX, poly_lib.MIN) and f.depth < _MAX_CASE_DEPTH:
+        return self._cases(d, a, f)
     for a in ops:
       if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
         numer = a.operands[0]
         if _is_var(numer) and a.operands[1].constant > 0 and self._single_divisor(d, numer):
-          return self._exact_divmod(d, a, bounds, ineqs, rewrites, depth)
+          return self._exact_divmod(d, a, f)
     for a in ops:
       if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
-        return self._general_divmod(d, a, bounds, ineqs, rewrites, depth)
-    for a in ops:
-      if a.op in (poly_lib.MAX, poly_lib.MIN) and depth < _MAX_CASE_DEPTH:
-        return self._cases(d, a, bounds, ineqs, rewrites, depth)
+        return self._general_divmod(d, a, f)
     for a in ops:
       if a.op in (poly_lib.FLOORDIV, poly_lib.MOD):
-        return self._division(d, a, bounds, ineqs, rewrites, depth)
-    return self._relax(d, ops[0], bounds, ineqs, rewrites, depth)
+        return self._division(d, a, f)
+    return self._relax(d, ops[0], f)
 
-  def _plain(self, d, bounds, ineqs, rewrites) -> _Result:
-    ineqs = [g for g in ineqs if not _has_ops(g)]
+  def _plain(self, d: Poly, f: _Frame) -> _Result:
+    ineqs = [g for g in f.ineqs if not _has_ops(g)]
     names = sorted(d.variables().union(*(g.variables() for g in ineqs)))
-    box = [bounds[v] if v in bounds else self.bound(v) for v in names]
+    box = [f.bounds[v] if v in f.bounds else self.bound(v) for v in names]
     gs = [_to_dict(g, names) for g in ineqs]
-    on_point = functools.partial(self._on_relaxed_point, rewrites=rewrites)
-    return _BoxProblem(self, _to_dict(d, names), names, box, gs, on_point).decide()
+    on_point = functools.partial(self._on_relaxed_point, rewrites=f.rewrites)
+    return _BoxProblem(self, _to_dict(d, names), names, box, gs, on_point).decide(*f.want)
 
   def _on_relaxed_point(self, env: dict[str, int], sign: int, rewrites) -> None:
     """Maps a point of a relaxed problem back to the original dims and verifies it."""
@@ -1030,32 +1123,38 @@ class _Solver:
           and a.operands[0] == numer and _const_divisor(a)}
     return len(ks) == 1
 
-  def _exact_divmod(self, d, a, bounds, ineqs, rewrites, depth) -> _Result:
-    """floordiv(s, k), mod(s, k) with s a var: s = k*q + r, q, r fresh (exact on integers)."""
+  def _exact_divmod(self, d: Poly, a: OpAtom, f: _Frame) -> _Result:
+    """floordiv(s, k), mod(s, k) with s a var: s = k*q + r, q, r fresh (exact on integers).
+
+    s in [lo, hi] is exactly (q, r) in three boxes: the first quotient with
+    r >= lo mod k, the full middle, the last quotient with r <= hi mod k. Each
+    must hold; the middle one usually has q >= 1, which then divides out.
+    """
     s = next(iter(a.operands[0].variables()))
     k = a.operands[1].constant
     q, r = self._new_var("q"), self._new_var("r")
-    lo, hi = bounds[s]
-    bounds = dict(bounds)
-    bounds[q] = (lo // k, None if hi is None else hi // k)
-    bounds[r] = (0, k - 1)
     sv = Poly.var(s)
-    atoms = {poly_lib.OpAtom(poly_lib.FLOORDIV, (sv, Poly.const(k))): Poly.var(q),
-             poly_lib.OpAtom(poly_lib.MOD, (sv, Poly.const(k))): Poly.var(r)}
-    repl = k * Poly.var(q) + Poly.var(r)
-    d = constraints_lib._substitute_deep(d.substitute(atoms), {Var(s): repl})
-    # The box for (q, r) is a superset; these keep k*q + r within s's bounds.
-    ineqs = tuple(constraints_lib._substitute_deep(g.substitute(atoms), {Var(s): repl})
-                  for g in ineqs)
-    ineqs += (repl - lo,) + (() if hi is None else (hi - repl,))
-    return self._atoms(d, bounds, ineqs, rewrites + (_Rewrite(s, k, q, r),), depth)
+    atoms = {OpAtom(poly_lib.FLOORDIV, (sv, Poly.const(k))): Poly.var(q),
+             OpAtom(poly_lib.MOD, (sv, Poly.const(k))): Poly.var(r)}
+    repl = {Var(s): k * Poly.var(q) + Poly.var(r)}
+    d = constraints_lib._substitute_deep(d.substitute(atoms), repl)
+    inner = f.but(ineqs=tuple(constraints_lib._substitute_deep(g.substitute(atoms), repl)
+                              for g in f.ineqs),
+                  rewrites=f.rewrites + (_Rewrite(s, k, q, r),))
+    ge, le = f.want
+    method = "constant"
+    for q_box, r_box in _quotient_boxes(*f.bounds[s], k):
+      if not (ge or le):
+        break
+      res = self._atoms(d, inner.but(bounds={**f.bounds, q: q_box, r: r_box}, want=(ge, le)))
+      ge, le = ge and res.ge, le and res.le
+      method = res.method if method == "constant" else method   # the largest box's
+    return _Result(ge, le, method)
 
-  def _general_divmod(self, d, a, bounds, ineqs, rewrites, depth) -> _Result:
+  def _general_divmod(self, d: Poly, a: OpAtom, f: _Frame) -> _Result:
     """floordiv(p, k) = (p - m) / k and mod(p, k) = m with m fresh in the range of p mod k."""
     p, k = a.operands[0], a.operands[1].constant
     m = self._new_var("m")
-    bounds = dict(bounds)
-    bounds[m] = (0, k - 1) if k > 0 else (k + 1, 0)
     fd = OpAtom(poly_lib.FLOORDIV, (p, Poly.const(k)))
     md = OpAtom(poly_lib.MOD, (p, Poly.const(k)))
     big = max((e for mono, _ in d.terms for at, e in mono if at == fd), default=0)
@@ -1073,30 +1172,29 @@ class _Solver:
           t = t * Poly(((((at, e),), 1),))
       out = out + t * quotient ** ef * abs(k) ** (big - ef)
     # p - m is k * floordiv(p, k): keep it within k times the quotient's range.
-    f_lo, f_hi = _atom_interval(fd, bounds)
-    lo, hi = sorted((k * f_lo, k * f_hi))
+    lo, hi = sorted(k * x for x in _atom_interval(fd, f.bounds))
     qk = p - Poly.var(m)
-    ineqs += tuple(g for g, bound in ((qk - _finite(lo), lo), (_finite(hi) - qk, hi))
-                   if abs(bound) != _INF)
-    return self._atoms(out, bounds, ineqs, rewrites, depth)
+    band = tuple(g for g, bound in ((qk - _finite(lo), lo), (_finite(hi) - qk, hi))
+                 if abs(bound) != _INF)
+    bounds = {**f.bounds, m: (0, k - 1) if k > 0 else (k + 1, 0)}
+    return self._atoms(out, f.but(bounds=bounds, ineqs=f.ineqs + band))
 
-  def _division(self, d, a, bounds, ineqs, rewrites, depth) -> _Result:
+  def _division(self, d: Poly, a: OpAtom, f: _Frame) -> _Result:
     """floordiv(p, q) = w and mod(p, q) = p - q*w, w fresh, with the band q*w <= p < q*(w + 1)."""
     p, q = a.operands
-    q_lo, q_hi = _poly_interval(q, bounds)
+    q_lo, q_hi = _poly_interval(q, f.bounds)
     fd, md = OpAtom(poly_lib.FLOORDIV, (p, q)), OpAtom(poly_lib.MOD, (p, q))
-    lo, hi = _atom_interval(fd, bounds)
+    lo, hi = _atom_interval(fd, f.bounds)
     if lo == -_INF or not (q_lo > 0 or q_hi < 0):
-      return self._relax(d, a, bounds, ineqs, rewrites, depth)
+      return self._relax(d, a, f)
     w = self._new_var("w")
-    bounds = dict(bounds)
-    bounds[w] = (int(lo), None if hi == _INF else int(hi))
     W = Poly.var(w)
     rem = p - q * W
     band = (rem, q - 1 - rem) if q_lo > 0 else (rem - q - 1, -rem)
-    return self._atoms(d.substitute({fd: W, md: rem}), bounds, ineqs + band, rewrites, depth)
+    bounds = {**f.bounds, w: (int(lo), None if hi == _INF else int(hi))}
+    return self._atoms(d.substitute({fd: W, md: rem}), f.but(bounds=bounds, ineqs=f.ineqs + band))
 
-  def _cases(self, d, a, bounds, ineqs, rewrites, depth) -> _Result:
+  def _cases(self, d: Poly, a: OpAtom, f: _Frame) -> _Result:
     """max/min: each case on the region where the atom equals that operand.
 
     When d is visibly monotone in the atom, d(max(x, y)) = max(d(x), d(y)) (or
@@ -1105,28 +1203,76 @@ class _Solver:
     """
     x, y = a.operands
     dx, dy = d.substitute({a: x}), d.substitute({a: y})
-    gx = x - y if a.op == poly_lib.MAX else y - x   # >= 0 where the atom equals x
-    rx = self._atoms(dx, bounds, ineqs + (gx,), rewrites, depth + 1)
-    ry = self._atoms(dy, bounds, ineqs + (-gx,), rewrites, depth + 1)
-    ge, le = rx.ge and ry.ge, rx.le and ry.le
-    mono = _monotonicity(d, a, bounds)
+    inner = f.but(depth=f.depth + 1)
+    upper = None   # d = max(d_x, d_y) (True) or min(d_x, d_y) (False) when monotone
+    mono = _monotonicity(d, a, f.bounds)
     if mono:
-      upper = (a.op == poly_lib.MAX) == (mono > 0)    # d = max(d_x, d_y), else min
-      if upper and not ge:
-        ge = any(self._atoms(dc, bounds, ineqs, rewrites, depth + 1).ge for dc in (dx, dy))
-      if not upper and not le:
-        le = any(self._atoms(dc, bounds, ineqs, rewrites, depth + 1).le for dc in (dx, dy))
+      upper = (a.op == poly_lib.MAX) == (mono > 0)
+    ge = le = False
+    if upper is not None:   # the cheap route first: one case on the whole box
+      side = (True, False) if upper else (False, True)
+      if (f.want[0] if upper else f.want[1]):
+        for dc in (dx, dy):
+          r = self._atoms(dc, inner.but(want=side))
+          if r.ge if upper else r.le:
+            ge, le = ge or upper, le or not upper
+            break
+    want = (f.want[0] and not ge, f.want[1] and not le)
+    gx = x - y if a.op == poly_lib.MAX else y - x   # >= 0 where the atom equals x
+    for dc, g in ((dx, gx), (dy, -gx)):
+      if not any(want):
+        break
+      r = self._on_region(dc, g, inner.but(want=want))
+      want = (want[0] and r.ge, want[1] and r.le)
+    ge, le = ge or want[0], le or want[1]
     return _Result(ge, le, "cases")
 
-  def _relax(self, d, a, bounds, ineqs, rewrites, depth) -> _Result:
+  def _on_region(self, d: Poly, g: Poly, f: _Frame) -> _Result:
+    """Decides d where g >= 0; a g linear in one var narrows that var's bounds instead."""
+    bound = _as_bound(g)
+    if bound is None:
+      return self._atoms(d, f.but(ineqs=f.ineqs + (g,)))
+    v, lo, hi = bound
+    old_lo, old_hi = f.bounds[v] if v in f.bounds else self.bound(v)
+    lo = old_lo if lo is None else max(lo, old_lo)
+    hi = old_hi if hi is None else (hi if old_hi is None else min(hi, old_hi))
+    if hi is not None and lo > hi:
+      return _Result(True, True, "constant")   # an empty region: nothing to prove
+    return self._atoms(d, f.but(bounds={**f.bounds, v: (lo, hi)}))
+
+  def _relax(self, d: Poly, a: OpAtom, f: _Frame) -> _Result:
     """Replaces an opaque atom by a fresh var bounded by interval arithmetic."""
-    lo, hi = _atom_interval(a, bounds)
+    lo, hi = _atom_interval(a, f.bounds)
     if lo == -_INF:
       return _Result(False, False, "unproven")
     w = self._new_var("w")
-    bounds = dict(bounds)
-    bounds[w] = (int(lo), None if hi == _INF else int(hi))
-    return self._atoms(d.substitute({a: Poly.var(w)}), bounds, ineqs, rewrites, depth)
+    bounds = {**f.bounds, w: (int(lo), None if hi == _INF else int(hi))}
+    return self._atoms(d.substitute({a: Poly.var(w)}), f.but(bounds=bounds))
+
+
+def _quotient_boxes(lo: int, hi: int | None, k: int):
+  """(q range, r range) boxes whose points k*q + r are exactly the integers of [lo, hi]."""
+  q_lo, r_lo = divmod(lo, k)
+  if hi is None:
+    return [((q_lo, q_lo), (r_lo, k - 1)), ((q_lo + 1, None), (0, k - 1))]
+  q_hi, r_hi = divmod(hi, k)
+  if q_lo == q_hi:
+    return [((q_lo, q_lo), (r_lo, r_hi))]
+  middle = [((q_lo + 1, q_hi - 1), (0, k - 1))] if q_hi - q_lo > 1 else []
+  return middle + [((q_lo, q_lo), (r_lo, k - 1)), ((q_hi, q_hi), (0, r_hi))]
+
+
+def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
+  """g >= 0 as (var, lo, hi) when g is a*v + c (one var, no atoms), else None."""
+  if g.degree() != 1 or len(g.atoms()) != 1:
+    return None
+  (atom,) = g.atoms()
+  if not isinstance(atom, Var):
+    return None
+  a, c = g.as_dict()[((atom, 1),)], g.constant
+  if a > 0:
+    return atom.name, -(c // a), None          # v >= ceil(-c / a)
+  return atom.name, None, c // -a              # v <= floor(c / -a)
 
 
 def _finite(x) -> int:
@@ -1166,26 +1312,31 @@ def _monotonicity(d: Poly, a: OpAtom, bounds) -> int:
 # --------------------------------------------------------------------------
 # Feasibility of general inequalities
 # --------------------------------------------------------------------------
-def _feasibility(cons: Constraints) -> tuple[bool | None, Poly | None]:
-  """(True, None) if a feasible point is found, (False, g) if g >= 0 never holds."""
+def _feasibility(cons: Constraints) -> tuple[bool | None, str | None]:
+  """(True, None) if a feasible point is found, (False, why) if none can exist, else (None, None)."""
   if not cons.inequalities:
     return True, None
   solver = _Solver(poly_lib.ZERO, poly_lib.ZERO, cons)
-  if _any_probe_feasible(solver, solver.free_vars):
+  if any(solver._complete(env) is not None for env in solver.samples(solver.free_vars, _PROBES)):
     return True, None
-  box_only = Constraints(bounds=cons.bounds)
   for g in cons.inequalities:
-    if compare_polys(g, Poly.const(-1), box_only).kind in (LE, EQ):
-      return False, g
+    if _never_holds(solver, g, ()):
+      return False, f"{g} >= 0 can never hold"
+  for g in cons.inequalities:
+    if _never_holds(solver, g, tuple(h for h in cons.inequalities if h != g)):
+      return False, f"{g} >= 0 can never hold together with the other inequalities"
   return None, None
 
 
-def _any_probe_feasible(solver: _Solver, names: Sequence[str]) -> bool:
-  rng = random.Random(1)
-  axes = []
-  for v in names:
-    lo, hi = solver.bound(v)
-    axes.append((lo, hi if hi is not None else max(2 * lo, 1 << 12)))
-  points = list(itertools.islice(itertools.product(*axes), 64))
-  points += [tuple(rng.randint(a, b) for a, b in axes) for _ in range(_PROBES)]
-  return any(solver._complete(dict(zip(names, x))) is not None for x in points)
+def _never_holds(solver: _Solver, g: Poly, others: tuple[Poly, ...]) -> bool:
+  """Proves g <= -1 wherever the box and the other inequalities hold."""
+  if _has_ops(g):
+    return compare_polys(g, Poly.const(-1), Constraints(bounds=solver.cons.bounds)).kind in (LE, EQ)
+  others = [h for h in others if not _has_ops(h)]
+  names = sorted(g.variables().union(*(h.variables() for h in others)))
+  box = [solver.bound(v) for v in names]
+  P = _to_dict(g + 1, names)
+  if not P:
+    return False
+  gs = [_to_dict(h, names) for h in others]
+  return _BoxProblem(solver, P, names, box, gs, None).decide(False, True).le

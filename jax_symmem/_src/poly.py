@@ -116,6 +116,15 @@ class Poly:
   """
   terms: tuple[tuple[Monomial, int], ...]
 
+  def __hash__(self) -> int:
+    # Polys are dictionary keys everywhere (comparison caches, dedup): hash once.
+    try:
+      return self.__dict__["_hash"]
+    except KeyError:
+      h = hash(self.terms)
+      object.__setattr__(self, "_hash", h)
+      return h
+
   # --- constructors -------------------------------------------------------
   @staticmethod
   def from_dict(coeffs: Mapping[Monomial, int]) -> "Poly":
