@@ -156,3 +156,13 @@ def test_threads_share_one_compile_per_variant():
   for t in threads:
     t.join()
   assert step.cache_info()["compiles"] == 1
+
+
+def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
+  monkeypatch.setattr(jit_lib, "IMPOSE_MIN_BYTES", 64 * 1024)   # fence this small model too
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, impose_schedule=True)
+  args = transformer.example_args(CFG, 4, 128)
+  _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
+  (exe,) = step._executables.values()
+  assert "opt-barrier" in exe.as_text()

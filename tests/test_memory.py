@@ -98,3 +98,16 @@ def test_order_must_be_a_permutation():
   _, _, graph = _analysis("mlp_grad")
   with pytest.raises(ValueError, match="permutation"):
     memory.profile(graph, order=[0, 0])
+
+
+def test_zero_size_static_dims_cost_nothing_and_match_the_executor():
+  def f(x, empty):
+    return jax.numpy.sum(x * 2.0) + jax.numpy.sum(empty), empty * 3.0
+  traced = symmem.trace(f, jax.ShapeDtypeStruct((4,), np.float32),
+                        jax.ShapeDtypeStruct((0, 5), np.float32), polymorphic_shapes=("n", None))
+  graph = symmem.shape_graph(traced)
+  prof = memory.profile(graph)
+  run = executor.execute(traced, (np.ones(7, np.float32), np.ones((0, 5), np.float32)))
+  assert prof.live_bytes(include_transients=False, n=7) == list(run.live_during)
+  assert all(graph.evaluate(v, n=7) == 0 for v in graph.values if 0 in
+             [d.evaluate({"n": 7}) for d in graph.values[v].dims])

@@ -28,6 +28,7 @@ from absl import logging
 import jax
 
 from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src import fence
 from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import interpret
@@ -47,6 +48,7 @@ CPU_COMPILER_OPTIONS = {
 }
 GPU_COMPILER_OPTIONS: dict[str, str] = {}
 MAX_RECOMPILES = 3
+IMPOSE_MIN_BYTES = 2**20
 
 
 def resolve_budget(memory_budget) -> int | None:
@@ -73,7 +75,8 @@ class SymmemFunction:
   """The function returned by `symmem.jit`."""
 
   def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
-               static_argnums=(), static_argnames=(), donate_argnums=(), **jit_kwargs):
+               impose_schedule: bool = False, static_argnums=(), static_argnames=(),
+               donate_argnums=(), **jit_kwargs):
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
@@ -85,6 +88,7 @@ class SymmemFunction:
                              else tuple(static_argnames))
     self._donate = ((donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums))
     self._jit_kwargs = jit_kwargs
+    self._impose_schedule = impose_schedule
     self._lock = threading.RLock()
     self._analyses: dict[Any, analysis_lib.Analysis | None] = {}
     self._executables: dict[Any, Any] = {}
@@ -199,7 +203,17 @@ class SymmemFunction:
       r = analysis.rounds[k]
       program = tracing.specialize_program(r.program, env)
       order = r.order
-      fn = jax.jit(lambda *a: interpret.run(program, a, order), donate_argnums=donate)
+      if self._impose_schedule:
+        # Chain nodes whose results take >= 1 MiB through optimization barriers so XLA
+        # follows our order (off by default: XLA's memory-optimized scheduler did as
+        # well or better at 3 of 5 lengths in experiments/bench_fence.py).
+        sizes = {v: r.graph.bytes(v).evaluate(env) for v in r.graph.values}
+        run = fence.ordered_function(program, order,
+                                     fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES))
+        options = dict(options, **fence.FENCE_COMPILER_OPTIONS)
+      else:
+        run = lambda *a, program=program, order=order: interpret.run(program, a, order)
+      fn = jax.jit(run, donate_argnums=donate)
       exe = fn.lower(*flat).compile(compiler_options=options)
       self._counts["compiles"] += 1
       ma = exe.memory_analysis()
@@ -227,7 +241,7 @@ class SymmemFunction:
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
-        **jax_jit_kwargs):
+        impose_schedule: bool = False, **jax_jit_kwargs):
   """Like `jax.jit`, for steps whose shapes change: one symbolic plan, a decision per shape.
 
   Args:
@@ -237,10 +251,14 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
     constraints: e.g. ("s <= 4096", "b <= 64", "s == 128*k").
     memory_budget: bytes, or a float in (0, 1] as a fraction of device memory;
       default the device's limit where known, otherwise no eviction.
+    impose_schedule: fence jax_symmem's memory-aware order into XLA with
+      optimization barriers instead of leaving the order to XLA's scheduler.
     **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums as in jax.jit.
   """
   if fun is None:
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
-                             memory_budget=memory_budget, **jax_jit_kwargs)
+                             memory_budget=memory_budget, impose_schedule=impose_schedule,
+                             **jax_jit_kwargs)
   return SymmemFunction(fun, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
-                        memory_budget=memory_budget, **jax_jit_kwargs)
+                        memory_budget=memory_budget, impose_schedule=impose_schedule,
+                        **jax_jit_kwargs)
