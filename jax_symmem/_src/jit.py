@@ -110,7 +110,7 @@ class SymmemFunction:
       raise ShapeError(f"{traced.fun_name} was traced for arguments with structure "
                        f"{traced.in_tree}, but got {tree}")
     dims = traced.bind_dims(*dyn_args)
-    budget = resolve_budget(self._budget_arg)
+    budget = self._budget()
     reserved = 0
     if budget is not None:
       arg_bytes = sum(getattr(a, "nbytes", 0) for a in flat)
@@ -138,6 +138,12 @@ class SymmemFunction:
     if a is None:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
     return a
+
+  def _budget(self) -> int | None:
+    # The device's limit does not change while the process runs: resolve once.
+    if not hasattr(self, "_resolved_budget"):
+      self._resolved_budget = resolve_budget(self._budget_arg)
+    return self._resolved_budget
 
   def cache_info(self) -> dict[str, int]:
     return dict(self._counts, executables=len(self._executables))
@@ -175,8 +181,7 @@ class SymmemFunction:
       try:
         traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
                                constraints=self._constraints)
-        budget = resolve_budget(self._budget_arg)
-        result = analysis_lib.analyze_traced(traced, memory_budget=budget)
+        result = analysis_lib.analyze_traced(traced, memory_budget=self._budget())
       except (BudgetError, ShapeError, ValueError, TypeError) as e:
         raise
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result

@@ -95,6 +95,16 @@ class TracedProgram:
 
   def bind_dims(self, *args) -> dict[str, int]:
     """Solves the dims from concrete arguments and checks them against the constraints."""
+    shapes = tuple(tuple(getattr(x, "shape", ())) for x in jax.tree_util.tree_leaves(tuple(args)))
+    cache = self.__dict__.setdefault("_bind_cache", {})   # on the hot path of every call
+    env = cache.get(shapes)
+    if env is None:
+      env = self._solve_dims(args)
+      if len(cache) < 4096:
+        cache[shapes] = env
+    return dict(env)
+
+  def _solve_dims(self, args) -> dict[str, int]:
     spec_leaves = jax.tree_util.tree_leaves(self.in_specs)
     paths_args = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
     if len(paths_args) != len(spec_leaves):
