@@ -32,7 +32,7 @@ def _budgeted_step(budget):
 
 def _min_and_max_peaks(step, dims):
   a = step.analyze(*transformer.example_args(CFG, 2, 8))
-  peaks = [r.peak_at(dims) for r in a.rounds]
+  peaks = [a.round_peak(k, dims) for k in range(len(a.rounds))]
   return min(peaks), peaks[0], a
 
 

@@ -99,6 +99,10 @@ def test_schedule_never_raises_the_peak_and_counts_decisions(case):
   sched = schedule.schedule(graph)
   for dims in case.shapes:
     assert (memory.peak_at(graph, dims, order=sched.order) <= memory.peak_at(graph, dims)), dims
+    best = sched.order_for(graph, dims)
+    assert memory.peak_at(graph, dims, order=best) <= memory.peak_at(graph, dims, order=sched.order)
+  assert {"forward", "backward", "trace", "trace+sink"} <= set(sched.candidates)
+  assert all(schedule.is_valid_order(traced.program, o) for o in sched.candidates.values())
   s = sched.stats
   assert s["comparisons"] == s["decided"] + s["depends"] + s["fallback"]
   ablation = schedule.schedule(graph, symbolic=False).stats

@@ -43,8 +43,8 @@ class Analysis:
       return 0
     scale = scale or {}
     peaks = []
-    for k, r in enumerate(self.rounds):
-      peak = int(r.peak_at(dims) * scale.get(k, 1.0))
+    for k in range(len(self.rounds)):
+      peak = int(self.round_peak(k, dims) * scale.get(k, 1.0))
       if peak + reserved <= budget:
         return k
       peaks.append(peak)
@@ -54,6 +54,21 @@ class Analysis:
         f"{dict(dims)}: {best / 2**20:.1f} MiB " + ("predicted" if scale else "modeled")
         + (f" plus {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
         + "; raise the budget or use shorter/smaller batches")
+
+  def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
+    """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
+    if k == 0:
+      return memory.peak_at(self.graph, dims, order=self.round_order(0, dims))
+    return self.rounds[k].peak_at(dims)
+
+  def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
+    if k == 0:
+      return self._order_cache(tuple(sorted(dims.items())))
+    return self.rounds[k].order
+
+  @functools.lru_cache(maxsize=1024)
+  def _order_cache(self, dims_items) -> tuple[int, ...]:
+    return self.schedule.order_for(self.graph, dict(dims_items))
 
   # -- the guarded rewrite --
   def guarded_function(self, dims: Mapping[str, int], budget: int | None = None) -> Callable:
@@ -129,7 +144,7 @@ class Analysis:
   # -- reports --
   def peak_bytes(self, **dims: int) -> int:
     """Modeled peak of the optimized step as dispatched at these dims and the budget."""
-    return self.rounds[self.choose_round(dims, self.memory_budget)].peak_at(dims)
+    return self.round_peak(self.choose_round(dims, self.memory_budget), dims)
 
   def baseline_peak_bytes(self, **dims: int) -> int:
     """Modeled peak in trace order without rematerialization."""
@@ -137,14 +152,13 @@ class Analysis:
 
   def static_peak_bytes(self, **dims: int) -> int:
     """The same pipeline planned with exact shapes (the paper's static anchor)."""
-    static = _plan(self.graph, dims)
-    rounds = static[1]
+    sched, rounds, _ = _plan(self.graph, dims)
+    peaks = [memory.peak_at(self.graph, dims, order=sched.order)] + [
+        r.peak_at(dims) for r in rounds[1:]]
     if self.memory_budget is None:
-      return rounds[0].peak_at(dims)
-    for r in rounds:
-      if r.peak_at(dims) <= self.memory_budget:
-        return r.peak_at(dims)
-    return min(r.peak_at(dims) for r in rounds)
+      return peaks[0]
+    fitting = [p for p in peaks if p <= self.memory_budget]
+    return fitting[0] if fitting else min(peaks)
 
   @property
   def stats(self) -> dict[str, int]:

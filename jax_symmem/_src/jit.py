@@ -207,7 +207,7 @@ class SymmemFunction:
     for _ in range(MAX_RECOMPILES + 1):
       r = analysis.rounds[k]
       program = tracing.specialize_program(r.program, env)
-      order = r.order
+      order = analysis.round_order(k, dims)
       if self._impose_schedule:
         # Chain nodes whose results take >= 1 MiB through optimization barriers so XLA
         # follows our order (off by default: XLA's memory-optimized scheduler did as
@@ -226,7 +226,7 @@ class SymmemFunction:
                    - ma.alias_size_in_bytes) if ma is not None else 0
       # Calibrate: XLA fuses and schedules on its own, so its figure is the truth.
       if budget is not None and footprint:
-        calibration[k] = footprint / max(1, r.peak_at(dims))
+        calibration[k] = footprint / max(1, analysis.round_peak(k, dims))
       logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                    analysis.traced.fun_name, dims, k, footprint / 2**20)
       compiled.append((footprint, k, exe))

@@ -53,10 +53,10 @@ def memory_report(analysis, shapes, budget: int | None = None) -> str:
            f"  {'dims':<18} {'trace order':>12} {'scheduled':>12} {head:>34} {'round':>6}"]
   for dims in shapes:
     base = a.baseline_peak_bytes(**dims) / 2**20
-    sched = a.rounds[0].peak_at(dims) / 2**20
+    sched = a.round_peak(0, dims) / 2**20
     try:
       k = a.choose_round(dims, budget)
-      disp, round_str = f"{a.rounds[k].peak_at(dims) / 2**20:>12.1f}", str(k)
+      disp, round_str = f"{a.round_peak(k, dims) / 2**20:>12.1f}", str(k)
     except BudgetError:
       disp, round_str = "over budget", "-"
     dims_str = ", ".join(f"{k}={v}" for k, v in dims.items())

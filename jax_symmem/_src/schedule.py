@@ -32,10 +32,19 @@ from jax_symmem._src.tracing import Const, Program
 
 @dataclasses.dataclass(frozen=True)
 class Schedule:
+  """The main order, and every candidate order (all valid) for per-shape choice."""
   order: tuple[int, ...]
   mode: str                       # "symbolic", "fallback" (ablation) or "static"
   stats: Mapping[str, int]        # choices, comparisons, decided, depends, fallback, peaks
-  source: str = "forward"         # which candidate won: "forward", "backward" or "trace"
+  source: str = "trace"           # which candidate is the main order
+  candidates: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+
+  def order_for(self, graph: ShapeGraph, dims: Mapping[str, int],
+                program: Program | None = None) -> tuple[int, ...]:
+    """The candidate with the lowest modeled peak at `dims`: which order is best
+    can depend on the shape, and at run time the shape is known."""
+    orders = [self.order] + [o for o in self.candidates.values() if o != self.order]
+    return min(orders, key=lambda o: memory.peak_at(graph, dims, program, o))
 
 
 def dependencies(program: Program) -> list[set[int]]:
@@ -89,14 +98,20 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   mode = "static" if dims is not None else ("symbolic" if symbolic else "fallback")
   chooser = _Chooser(graph, symbolic, exact_env, tight)
   state = _State(program, donated)
-  candidates = {
+  listed = {
       "forward": _forward(state, chooser),
       "backward": _backward(state, chooser),
       "trace": tuple(range(len(program.nodes))),
   }
-  # Judge candidates at the shape of interest and, unless exact dims were given,
-  # at a grid over the box: the winner must not lose to trace order anywhere there.
+  # Each list schedule, then the same after local sink moves judged at the shape
+  # of interest (exact dims for `dims=`).
   at = exact_env if exact_env is not None else tight
+  candidates, moves = dict(listed), {}
+  for name, order in listed.items():
+    sunk, moves[name] = _sink(graph, state, order, at, donated)
+    candidates[f"{name}+sink"] = tuple(sunk)
+  # The main order: lowest peak at the shape of interest among the candidates that
+  # never lose to trace order on a grid over the box (trace order itself qualifies).
   points = [at] if exact_env is not None else [at] + memory.sample_points(graph)
   def peaks(order):
     return [memory.peak_at(graph, p, program, order, donated) for p in points]
@@ -104,14 +119,10 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   scored = {name: peaks(order) for name, order in candidates.items()}
   best = min((name for name in candidates
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
-             key=lambda name: (scored[name][0], name != "trace"))
-  order, moves = _sink(graph, state, candidates[best], at, donated)
-  if any(memory.peak_at(graph, p, program, order, donated) > ref
-         for p, ref in zip(points, trace_peaks)):
-    order, moves = candidates[best], 0   # the local moves lost somewhere: keep the winner
-  stats = dict(chooser.stats, sink_moves=moves,
+             key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
+  stats = dict(chooser.stats, sink_moves=moves.get(best.split("+")[0], 0) if "+" in best else 0,
                **{f"peak_{k}": v[0] for k, v in scored.items()})
-  return Schedule(tuple(order), mode, stats, best)
+  return Schedule(candidates[best], mode, stats, best, candidates)
 
 
 def _sink(graph, state: _State, order: Sequence[int], at, donated):

@@ -70,27 +70,57 @@ def mlp(x, layer):
   return (jax.nn.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
 
 
-def forward(params, tokens, cfg: Config):
+def block(x, layer, n_heads):
+  """One pre-norm decoder layer: attention and MLP, each with a residual."""
+  x = x + attention(rms_norm(x, layer["attn_norm"]), layer, n_heads)
+  return x + mlp(rms_norm(x, layer["mlp_norm"]), layer)
+
+
+def _remat(fn, remat_policy):
+  """`fn` under `jax.checkpoint` as `remat_policy` asks (None: `fn` itself).
+
+  "layer": plain `jax.checkpoint` (save nothing inside); otherwise the name of a
+  `jax.checkpoint_policies` policy such as "dots_saveable". On XLA:CPU, compile
+  with `compiler_options={"xla_disable_hlo_passes": "cse_barrier_expander"}` or
+  XLA merges the recomputation back (DESIGN.md F1).
+  """
+  if remat_policy is None:
+    return fn
+  if remat_policy == "layer":
+    return jax.checkpoint(fn, static_argnums=(2,))
+  policy = getattr(jax.checkpoint_policies, remat_policy, None)
+  if policy is None:
+    raise ValueError(f"unknown remat_policy {remat_policy!r}: use None, 'layer' or a "
+                     "jax.checkpoint_policies name")
+  return jax.checkpoint(fn, policy=policy, static_argnums=(2,))
+
+
+def forward(params, tokens, cfg: Config, remat_policy: str | None = None):
+  layer_fn = _remat(block, remat_policy)
   x = params["embed"][tokens]
   for layer in params["layers"]:
-    x = x + attention(rms_norm(x, layer["attn_norm"]), layer, cfg.n_heads)
-    x = x + mlp(rms_norm(x, layer["mlp_norm"]), layer)
+    x = layer_fn(x, layer, cfg.n_heads)
   return rms_norm(x, params["final_norm"]) @ params["unembed"]
 
 
-def loss_fn(params, tokens, mask, cfg: Config):
+def loss_fn(params, tokens, mask, cfg: Config, remat_policy: str | None = None):
   """Masked next-token cross-entropy: position t predicts token t+1."""
-  logits = forward(params, tokens, cfg)[:, :-1]
+  logits = forward(params, tokens, cfg, remat_policy)[:, :-1]
   targets, weights = tokens[:, 1:], mask[:, 1:].astype(logits.dtype)
   logp = jax.nn.log_softmax(logits, axis=-1)
   nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
   return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
 
 
-def make_train_step(cfg: Config, learning_rate: float = 1e-2):
-  """A `(params, tokens, mask) -> (loss, new_params)` SGD step."""
+def make_train_step(cfg: Config, learning_rate: float = 1e-2, remat_policy: str | None = None):
+  """A `(params, tokens, mask) -> (loss, new_params)` SGD step.
+
+  remat_policy: None (default, no rematerialization), "layer" (`jax.checkpoint`
+  around each decoder layer) or a `jax.checkpoint_policies` name applied per layer
+  ("dots_saveable", "dots_with_no_batch_dims_saveable", "nothing_saveable", ...).
+  """
   def train_step(params, tokens, mask):
-    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, mask, cfg)
+    loss, grads = jax.value_and_grad(loss_fn)(params, tokens, mask, cfg, remat_policy)
     new_params = jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
     return loss, new_params
   return train_step
