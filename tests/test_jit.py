@@ -166,3 +166,12 @@ def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
   _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
   (exe,) = step._executables.values()
   assert "opt-barrier" in exe.as_text()
+
+
+def test_unsupported_jit_options_fall_back_to_jax_jit(caplog):
+  f = lambda x: x * 2.0
+  g = symmem.jit(f, polymorphic_shapes=("n",), keep_unused=True)
+  with caplog.at_level(py_logging.WARNING):
+    np.testing.assert_allclose(g(jnp.ones(3)), 2 * np.ones(3))
+  assert any("keep_unused" in r.getMessage() for r in caplog.records)
+  assert g.cache_info()["fallback_calls"] == 1

@@ -7,7 +7,7 @@ their original params, so their bodies run as JAX would run them.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 from jax_symmem._src import tracing
 from jax_symmem._src.tracing import Const, Node, Program
@@ -17,13 +17,9 @@ def bind(node: Node, args: Sequence[Any]) -> list[Any]:
   return tracing.bind(node.primitive, args, node.params)
 
 
-def run(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None,
-        on_step: Callable[[Node, dict[int, Any]], None] | None = None) -> list[Any]:
-  """Runs `program` on flat arguments; `order` is a permutation of node indices.
-
-  `on_step(node, env)` is called after each node, with the live environment
-  (value id -> array), so a caller may free or measure values.
-  """
+def run(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None
+        ) -> list[Any]:
+  """Runs `program` on flat arguments; `order` is a permutation of node indices."""
   if len(flat_args) != len(program.inputs):
     raise ValueError(f"expected {len(program.inputs)} arguments, got {len(flat_args)}")
   env: dict[int, Any] = dict(zip(program.inputs, flat_args))
@@ -31,6 +27,4 @@ def run(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None 
   for i in (range(len(program.nodes)) if order is None else order):
     node = program.nodes[i]
     env.update(zip(node.outputs, bind(node, [read(x) for x in node.inputs])))
-    if on_step is not None:
-      on_step(node, env)
   return [read(x) for x in program.outputs]

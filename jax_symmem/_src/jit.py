@@ -179,11 +179,15 @@ class SymmemFunction:
       if static_key in self._analyses:
         return self._analyses[static_key]
       try:
+        if self._jit_kwargs:
+          raise NotImplementedError(
+              f"jax.jit options {sorted(self._jit_kwargs)} are not supported by the memory planner "
+              "yet (sharding is planned)")
         traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
                                constraints=self._constraints)
         result = analysis_lib.analyze_traced(traced, memory_budget=self._budget())
-      except (BudgetError, ShapeError, ValueError, TypeError) as e:
-        raise
+      except (BudgetError, ShapeError, ValueError, TypeError):
+        raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
         logging.warning("jax_symmem: %s falls back to jax.jit: %s: %s",
                         getattr(self._fun, "__name__", "function"), type(e).__name__, e)
