@@ -175,3 +175,14 @@ def test_unsupported_jit_options_fall_back_to_jax_jit(caplog):
     np.testing.assert_allclose(g(jnp.ones(3)), 2 * np.ones(3))
   assert any("keep_unused" in r.getMessage() for r in caplog.records)
   assert g.cache_info()["fallback_calls"] == 1
+
+
+def test_donate_argnums_donates_only_that_argument():
+  step = symmem.jit(lambda w, x: (w * 2.0, jnp.sum(x)), polymorphic_shapes=("n", "m"),
+                    donate_argnums=0)
+  w, x = jnp.ones(5), jnp.ones(3)
+  new_w, total = step(w, x)
+  np.testing.assert_allclose(new_w, 2 * np.ones(5))
+  assert float(total) == 3.0
+  assert not x.is_deleted()          # not donated: still usable
+  np.testing.assert_allclose(x, np.ones(3))

@@ -124,7 +124,7 @@ class SymmemFunction:
       exe_key = (static_key, dims_key, k)
       exe = self._executables.get(exe_key)
       if exe is None:
-        exe, k = self._compile(analysis, static_key, dims, k, flat, budget, reserved)
+        exe, k = self._compile(analysis, static_key, dims, k, args, flat, budget, reserved)
       else:
         self._counts["hits"] += 1
       self._decisions[key] = k
@@ -168,6 +168,20 @@ class SymmemFunction:
     bound.__name__ = getattr(self._fun, "__name__", "function")
     return static_key, dyn, bound
 
+  def _donated_leaves(self, args) -> tuple[int, ...]:
+    """Flat leaf positions of the donated positional arguments (static ones excluded)."""
+    if not self._donate:
+      return ()
+    leaves, start = [], 0
+    for i, arg in enumerate(args):
+      if i in self._static_argnums:
+        continue
+      n = len(jax.tree_util.tree_leaves(arg))
+      if i in self._donate:
+        leaves.extend(range(start, start + n))
+      start += n
+    return tuple(leaves)
+
   def _dyn_shapes(self, nargs):
     shapes = self._shapes
     if isinstance(shapes, (tuple, list)) and len(shapes) == nargs + len(self._static_argnums):
@@ -198,14 +212,14 @@ class SymmemFunction:
       self._analyses[static_key] = result
       return result
 
-  def _compile(self, analysis, static_key, dims, k, flat, budget, reserved):
+  def _compile(self, analysis, static_key, dims, k, args, flat, budget, reserved):
     env = analysis.graph.constraints.complete(dims)
     platform = jax.devices()[0].platform
     if budget is None:
       options = {}
     else:
       options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
-    donate = tuple(i for i, _ in enumerate(flat)) if self._donate else ()
+    donate = self._donated_leaves(args)
     calibration = self._calibration.setdefault(static_key, {})
     compiled = []   # (footprint, k, executable)
     for _ in range(MAX_RECOMPILES + 1):
