@@ -70,10 +70,12 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   base(*args)
   (base_exe,) = base._executables.values()
   assert exe.memory_analysis().temp_size_in_bytes < base_exe.memory_analysis().temp_size_in_bytes
-  # Short batches need no eviction.
+  # Short batches need no eviction, and far below the budget compile as jax.jit would.
   small = transformer.example_args(CFG, 1, 8)
   step(*small)
   assert [k[2] for k in step._executables if dict(k[1]) == {"b": 1, "s": 8}] == [0]
+  options = {dict(k[1])["s"]: v for k, v in step._variant_options.items()}
+  assert options[8] == {} and options[128] == jit_lib.CPU_COMPILER_OPTIONS
 
 
 def test_budget_below_the_minimum_fails_before_compiling():

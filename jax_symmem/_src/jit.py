@@ -48,6 +48,11 @@ CPU_COMPILER_OPTIONS = {
 }
 GPU_COMPILER_OPTIONS: dict[str, str] = {}
 MAX_RECOMPILES = 3
+# Under a budget, a step whose modeled peak is at most 1/FAST_PATH_MARGIN of it
+# compiles with jax.jit's own options: no remat is needed and the memory-saving
+# options cost step time. The margin covers what the model and memory_analysis()
+# miss there (measured: jax.jit's real peak up to 1.22x the model at b=2, s=512).
+FAST_PATH_MARGIN = 2.0
 IMPOSE_MIN_BYTES = 2**20
 
 
@@ -94,6 +99,7 @@ class SymmemFunction:
     self._executables: dict[Any, Any] = {}
     self._decisions: dict[Any, int] = {}
     self._calibration: dict[Any, dict[int, float]] = {}   # static key -> round -> XLA/model
+    self._variant_options: dict[Any, dict] = {}           # (static key, dims) -> compiler options
     self._fallbacks: dict[Any, Callable] = {}
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0}
 
@@ -215,15 +221,17 @@ class SymmemFunction:
   def _compile(self, analysis, static_key, dims, k, args, flat, budget, reserved):
     env = analysis.graph.constraints.complete(dims)
     platform = jax.devices()[0].platform
-    if budget is None:
-      options = {}
-    else:
-      options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
+    memory_options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
+    def options_for(k):
+      roomy = (k == 0 and budget is not None and
+               FAST_PATH_MARGIN * analysis.round_peak(0, dims) + reserved <= budget)
+      return {} if budget is None or roomy else memory_options   # {}: exactly as jax.jit
     donate = self._donated_leaves(args)
     calibration = self._calibration.setdefault(static_key, {})
-    compiled = []   # (footprint, k, executable)
+    compiled = []   # (footprint, k, executable, options)
     for _ in range(MAX_RECOMPILES + 1):
       r = analysis.rounds[k]
+      options = options_for(k)
       program = tracing.specialize_program(r.program, env)
       order = analysis.round_order(k, dims)
       if self._impose_schedule:
@@ -242,24 +250,26 @@ class SymmemFunction:
       ma = exe.memory_analysis()
       footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                    - ma.alias_size_in_bytes) if ma is not None else 0
-      # Calibrate: XLA fuses and schedules on its own, so its figure is the truth.
-      if budget is not None and footprint:
+      # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
+      # (only with the memory options: XNNPACK fusions hide buffers from it, F2).
+      if budget is not None and footprint and options:
         calibration[k] = footprint / max(1, analysis.round_peak(k, dims))
       logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                    analysis.traced.fun_name, dims, k, footprint / 2**20)
-      compiled.append((footprint, k, exe))
+      compiled.append((footprint, k, exe, options))
       if budget is None or footprint + reserved <= budget or k + 1 >= len(analysis.rounds):
         break
       k += 1
       self._counts["recompiles"] += 1
-    footprint, k, exe = min(compiled, key=lambda c: (budget is not None and
-                                                      c[0] + reserved > budget, c[1]))
+    footprint, k, exe, options = min(compiled, key=lambda c: (budget is not None and
+                                                               c[0] + reserved > budget, c[1]))
     if budget is not None and footprint + reserved > budget:
-      footprint, k, exe = min(compiled, key=lambda c: c[0])
+      footprint, k, exe, options = min(compiled, key=lambda c: c[0])
       logging.warning("jax_symmem: %s at %s: XLA reports %.1f MiB for the best variant compiled "
                       "(round %d), above the %.1f MiB budget", analysis.traced.fun_name, dims,
                       footprint / 2**20, k, budget / 2**20)
     self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
+    self._variant_options[(static_key, tuple(sorted(dims.items())))] = options
     return exe, k
 
 
