@@ -29,6 +29,7 @@ class Analysis:
   rounds: tuple[remat.Round, ...]
   memory_budget: int | None
   remat_stats: Mapping[str, int]
+  _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
@@ -62,13 +63,13 @@ class Analysis:
     return self.rounds[k].peak_at(dims)
 
   def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
-    if k == 0:
-      return self._order_cache(tuple(sorted(dims.items())))
-    return self.rounds[k].order
-
-  @functools.lru_cache(maxsize=1024)
-  def _order_cache(self, dims_items) -> tuple[int, ...]:
-    return self.schedule.order_for(self.graph, dict(dims_items))
+    """Round k's order at dims; round 0 picks the best scheduler candidate there."""
+    if k:
+      return self.rounds[k].order
+    key = tuple(sorted(dims.items()))
+    if key not in self._round0_orders:
+      self._round0_orders[key] = self.schedule.order_for(self.graph, dims)
+    return self._round0_orders[key]
 
   # -- the guarded rewrite --
   def guarded_function(self, dims: Mapping[str, int], budget: int | None = None) -> Callable:
