@@ -30,6 +30,7 @@ class Analysis:
   memory_budget: int | None
   remat_stats: Mapping[str, int]
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+  _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
@@ -58,9 +59,11 @@ class Analysis:
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
-    if k == 0:
-      return memory.peak_at(self.graph, dims, order=self.round_order(0, dims))
-    return self.rounds[k].peak_at(dims)
+    key = (k, tuple(sorted(dims.items())))
+    if key not in self._round_peaks:   # the run-time decision asks for these often
+      r = self.rounds[k]
+      self._round_peaks[key] = memory.peak_at(r.graph, dims, r.program, self.round_order(k, dims))
+    return self._round_peaks[key]
 
   def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
     """Round k's order at dims; round 0 picks the best scheduler candidate there."""
