@@ -223,15 +223,18 @@ class SymmemFunction:
     platform = jax.devices()[0].platform
     memory_options = CPU_COMPILER_OPTIONS if platform == "cpu" else GPU_COMPILER_OPTIONS
     def options_for(k):
+      """(compiler options, whether memory_analysis() then sees every buffer)."""
       roomy = (k == 0 and budget is not None and
                FAST_PATH_MARGIN * analysis.round_peak(0, dims) + reserved <= budget)
-      return {} if budget is None or roomy else memory_options   # {}: exactly as jax.jit
+      if budget is None or roomy:
+        return {}, False   # exactly as jax.jit; XNNPACK fusions may hide buffers (F2)
+      return memory_options, True
     donate = self._donated_leaves(args)
     calibration = self._calibration.setdefault(static_key, {})
     compiled = []   # (footprint, k, executable, options)
     for _ in range(MAX_RECOMPILES + 1):
       r = analysis.rounds[k]
-      options = options_for(k)
+      options, truthful = options_for(k)
       program = tracing.specialize_program(r.program, env)
       order = analysis.round_order(k, dims)
       if self._impose_schedule:
@@ -251,8 +254,8 @@ class SymmemFunction:
       footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                    - ma.alias_size_in_bytes) if ma is not None else 0
       # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
-      # (only with the memory options: XNNPACK fusions hide buffers from it, F2).
-      if budget is not None and footprint and options:
+      # (only when it sees every buffer: not with jax.jit's own options, F2).
+      if truthful and footprint:
         calibration[k] = footprint / max(1, analysis.round_peak(k, dims))
       logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                    analysis.traced.fun_name, dims, k, footprint / 2**20)
