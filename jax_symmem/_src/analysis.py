@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping
 
 from jax_symmem._src import memory
 from jax_symmem._src.device import live_bytes as _live_bytes
@@ -109,8 +109,10 @@ class Analysis:
     guarded = {b.clones[-1]: (j, b) for j, b in blocks if self_contained(b)}
     skip = {n for _, b in guarded.values() for n in (b.barrier,) + b.clones[:-1]}
 
+    argument_bytes = sum(self.graph.bytes(v).evaluate(env) for v in self.traced.program.inputs)
+
     def needed(j: int) -> bool:
-      reserved = max(0, _live_bytes() - self._argument_bytes(dims)) if budget is not None else 0
+      reserved = max(0, _live_bytes() - argument_bytes) if budget is not None else 0
       try:
         return self.choose_round(dims, budget, reserved) >= j
       except BudgetError:   # nothing fits: evict all there is
@@ -141,9 +143,6 @@ class Analysis:
         values[block.regenerated] = jax.lax.cond(pred, regenerate, keep, 0)
       return [x.value if isinstance(x, tracing.Const) else values[x] for x in program.outputs]
     return fn
-
-  def _argument_bytes(self, dims) -> int:
-    return self.rounds[0].profile.arguments.evaluate(self.graph.constraints.complete(dict(dims)))
 
   # -- reports --
   def peak_bytes(self, **dims: int) -> int:
@@ -204,7 +203,6 @@ def _plan(graph: ShapeGraph, dims: Mapping[str, int] | None):
 
 
 def analyze_traced(traced: TracedProgram, memory_budget: int | None = None) -> Analysis:
-  from jax_symmem._src.shape_graph import ShapeGraph
   graph = ShapeGraph(traced)
   sched, rounds, stats = _plan(graph, None)
   return Analysis(traced, graph, sched, rounds, memory_budget, stats)
