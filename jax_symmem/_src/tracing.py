@@ -92,16 +92,17 @@ class TracedProgram:
   out_tree: Any
   dims: tuple[str, ...]
   constraints: constraints_lib.Constraints
+  # argument shapes -> dims: bind_dims is on the hot path of every call.
+  _bind_cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def bind_dims(self, *args) -> dict[str, int]:
     """Solves the dims from concrete arguments and checks them against the constraints."""
     shapes = tuple(tuple(getattr(x, "shape", ())) for x in jax.tree_util.tree_leaves(tuple(args)))
-    cache = self.__dict__.setdefault("_bind_cache", {})   # on the hot path of every call
-    env = cache.get(shapes)
+    env = self._bind_cache.get(shapes)
     if env is None:
       env = self._solve_dims(args)
-      if len(cache) < 4096:
-        cache[shapes] = env
+      if len(self._bind_cache) < 4096:
+        self._bind_cache[shapes] = env
     return dict(env)
 
   def _solve_dims(self, args) -> dict[str, int]:
