@@ -42,17 +42,13 @@ NOT_RECOMPUTABLE = frozenset({
 })
 
 
-def _numel(dims: Sequence[Poly]) -> Poly:
-  return product(dims)
-
-
 def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
   (lc, _), _ = node.params["dimension_numbers"]
-  return 2 * _numel(outs[0]) * product(ins[0][i] for i in lc)
+  return 2 * product(outs[0]) * product(ins[0][i] for i in lc)
 
 
 def _reduction_flops(node, ins, outs) -> Poly:
-  return _numel(ins[0])
+  return product(ins[0])
 
 
 # primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
@@ -67,7 +63,7 @@ def flops(graph: ShapeGraph, node: Node) -> Poly:
   ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
   outs = [graph.values[o].dims for o in node.outputs]
   rule = FLOP_RULES.get(node.name)
-  return rule(node, ins, outs) if rule else sum((_numel(o) for o in outs), ZERO)
+  return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
 
 
 def recomputable(node: Node) -> bool:
@@ -310,10 +306,6 @@ class Round:
   program: Program
   order: tuple[int, ...]
   graph: ShapeGraph
-
-  @functools.cached_property
-  def profile(self) -> memory.MemoryProfile:
-    return memory.profile(self.graph, self.program, self.order)
 
   def peak_at(self, dims: Mapping[str, int]) -> int:
     return memory.peak_at(self.graph, dims, self.program, self.order)
