@@ -96,33 +96,57 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   tight = graph.constraints.complete(dict(shape_of_interest or graph.max_dims()))
   exact_env = graph.constraints.complete(dict(dims)) if dims is not None else None
   mode = "static" if dims is not None else ("symbolic" if symbolic else "fallback")
-  chooser = _Chooser(graph, symbolic, exact_env, tight)
   state = _State(program, donated)
-  listed = {
-      "forward": _forward(state, chooser),
-      "backward": _backward(state, chooser),
-      "trace": tuple(range(len(program.nodes))),
-  }
-  # Each list schedule, then the same after local sink moves judged at the shape
-  # of interest (exact dims for `dims=`).
   at = exact_env if exact_env is not None else tight
-  candidates, moves = dict(listed), {}
-  for name, order in listed.items():
-    sunk, moves[name] = _sink(graph, state, order, at, donated)
-    candidates[f"{name}+sink"] = tuple(sunk)
+  # Where a comparison DEPENDS, the best choice depends on the shape: the list
+  # schedules are also built with DEPENDS resolved at smaller shapes of interest,
+  # and the run time picks the candidate with the lowest peak at its exact dims
+  # (`order_for`). The ablation never reads a shape, so one point serves it.
+  points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
+  candidates, moves, chooser = {}, {}, None
+  for k, point in enumerate(points):
+    point_chooser = _Chooser(graph, symbolic, exact_env, point)
+    listed = {"forward": _forward(state, point_chooser),
+              "backward": _backward(state, point_chooser)}
+    if k == 0:
+      chooser = point_chooser   # decision counts: the run at the main shape of interest
+      listed["trace"] = tuple(range(len(program.nodes)))
+    suffix = "" if k == 0 else "@" + ",".join(f"{v}={point[v]}" for v in sorted(graph.dims)
+                                                if v in point)
+    # Each list schedule, then the same after local sink moves judged at that point.
+    for name, order in listed.items():
+      sunk, moves[f"{name}+sink{suffix}"] = _sink(graph, state, order, point, donated)
+      for cand_name, cand in ((name + suffix, order), (f"{name}+sink{suffix}", tuple(sunk))):
+        if k == 0 or cand not in candidates.values():   # extra points: new orders only
+          candidates[cand_name] = cand
   # The main order: lowest peak at the shape of interest among the candidates that
   # never lose to trace order on a grid over the box (trace order itself qualifies).
-  points = [at] if exact_env is not None else [at] + memory.sample_points(graph)
+  grid = [at] if exact_env is not None else [at] + memory.sample_points(graph)
   def peaks(order):
-    return [memory.peak_at(graph, p, program, order, donated) for p in points]
+    return [memory.peak_at(graph, p, program, order, donated) for p in grid]
   trace_peaks = peaks(candidates["trace"])
   scored = {name: peaks(order) for name, order in candidates.items()}
   best = min((name for name in candidates
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
-  stats = dict(chooser.stats, sink_moves=moves.get(best.split("+")[0], 0) if "+" in best else 0,
-               **{f"peak_{k}": v[0] for k, v in scored.items()})
+  stats = dict(chooser.stats, sink_moves=moves.get(best, 0),
+               **{f"peak_{k}": v[0] for k, v in scored.items() if "@" not in k})
   return Schedule(candidates[best], mode, stats, best, candidates)
+
+
+def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
+  """The main shape of interest, then every bounded dim at its lower bound, geometric
+  mean and midpoint together (lengths spread over orders of magnitude)."""
+  points = [dict(tight)]
+  for level in ("lo", "geo", "mid"):
+    env = {}
+    for v, lo, hi in graph.constraints.bounds:
+      hi = tight.get(v, lo) if hi is None else hi
+      env[v] = {"lo": lo, "geo": max(lo, round((lo * hi) ** 0.5)), "mid": (lo + hi) // 2}[level]
+    env = graph.constraints.complete(env)
+    if graph.constraints.violation(env) is None and env not in points:
+      points.append(env)
+  return points
 
 
 def _sink(graph, state: _State, order: Sequence[int], at, donated):
