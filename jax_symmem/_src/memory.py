@@ -28,6 +28,8 @@ import functools
 import itertools
 from typing import Callable, Iterable, Mapping, Sequence
 
+import numpy as np
+
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -164,17 +166,95 @@ def profile(graph: ShapeGraph, program: Program | None = None, order: Sequence[i
 
 def peak_at(graph: ShapeGraph, env: Mapping[str, int], program: Program | None = None,
             order: Sequence[int] | None = None, donated: Iterable[int] = ()) -> int:
-  """`profile(...).peak_bytes(**env)` computed with integers: fast enough for search."""
+  """`profile(...).peak_bytes(**env)` computed with integers: fast enough for search.
+
+  The scheduler's local search calls this thousands of times per program with
+  the same (graph, program, dims) and a different order, so everything that does
+  not depend on the order is evaluated once (`_IntTables`) and cached.
+  """
   program = graph.traced.program if program is None else program
   env = graph.constraints.complete(dict(env))
-  cache: dict[int, int] = {}
-  def size(v: int) -> int:
-    if v not in cache:
-      cache[v] = graph.bytes(v).evaluate(env)
-    return cache[v]
-  arguments, raw = _simulate(program, _check_order(program, order), donated, size, 0,
-                             lambda node: transient(graph, node).evaluate(env))
-  return max([arguments] + [live + alloc + trans for _, live, alloc, trans, _ in raw])
+  tables = _int_tables(graph, program, env, frozenset(donated))
+  return tables.peak(_check_order(program, order))
+
+
+class _IntTables:
+  """Order-independent integer data of `_simulate` for one (graph, program, dims, donated).
+
+  `peak(order)` is then a few numpy passes: a buffer is freed at the last
+  position that reads it (unless pinned), an output nobody reads is freed where
+  it is made, and live bytes are a running sum. Sizes are int64; a program whose
+  bytes could overflow that is simulated with Python integers instead.
+  """
+
+  def __init__(self, graph: ShapeGraph, program: Program, env: Mapping[str, int],
+               donated: frozenset):
+    buffer: dict[int, int] = {v: v for v in program.inputs}
+    for node in program.nodes:
+      a = aliased_operand(node)
+      for k, o in enumerate(node.outputs):
+        buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+    pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
+    pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
+    size = lambda v: graph.bytes(v).evaluate(env)
+    self.program, self.donated = program, donated
+    self.size_of = functools.lru_cache(maxsize=None)(size)
+    self.trans_of = lambda node: transient(graph, node).evaluate(env) if node.subprograms else 0
+    self.arguments = sum(size(v) for v in program.inputs)
+    used = {buffer[x] for n in program.nodes for x in n.inputs if not isinstance(x, Const)}
+    index: dict[int, int] = {}        # unpinned buffers that some node reads
+    use_node, use_buf, alloc, trans, doa = [], [], [], [], []
+    for i, node in enumerate(program.nodes):
+      for b in {buffer[x] for x in node.inputs if not isinstance(x, Const)} - pinned:
+        use_node.append(i)
+        use_buf.append(index.setdefault(b, len(index)))
+      own = [o for o in node.outputs if buffer[o] == o]
+      alloc.append(sum(self.size_of(o) for o in own))
+      doa.append(sum(self.size_of(o) for o in own if o not in used and o not in pinned))
+      trans.append(self.trans_of(node))
+    sizes = [self.size_of(b) for b in index]
+    self.exact = self.arguments + sum(alloc) + sum(trans) < 2**62   # int64 cannot overflow
+    if self.exact:
+      self.use_node, self.use_buf = np.asarray(use_node, np.int64), np.asarray(use_buf, np.int64)
+      self.buf_size = np.asarray(sizes, np.int64)
+      self.alloc, self.trans, self.doa = (np.asarray(x, np.int64) for x in (alloc, trans, doa))
+
+  def peak(self, order: Sequence[int]) -> int:
+    """max(arguments, live + allocated + transient at every step), as `_simulate` counts."""
+    if not self.exact:
+      arguments, raw = _simulate(self.program, order, self.donated, self.size_of, 0,
+                                 self.trans_of)
+      return max([arguments] + [live + alloc + trans for _, live, alloc, trans, _ in raw])
+    n = len(order)
+    if n == 0:
+      return self.arguments
+    order = np.asarray(order, np.int64)
+    pos = np.empty(n, np.int64)
+    pos[order] = np.arange(n)
+    last = np.zeros(len(self.buf_size), np.int64)
+    np.maximum.at(last, self.use_buf, pos[self.use_node])
+    freed = np.zeros(n, np.int64)
+    np.add.at(freed, last, self.buf_size)
+    alloc = self.alloc[order]
+    live_after = self.arguments + np.cumsum(alloc - freed - self.doa[order])
+    live_before = np.concatenate([[self.arguments], live_after[:-1]])
+    return int(max(self.arguments, (live_before + alloc + self.trans[order]).max()))
+
+
+_INT_TABLES: dict = {}
+_INT_TABLES_MAX = 64
+
+
+def _int_tables(graph: ShapeGraph, program: Program, env: Mapping[str, int],
+                donated: frozenset) -> _IntTables:
+  key = (id(graph), id(program), tuple(sorted(env.items())), donated)
+  hit = _INT_TABLES.pop(key, None)
+  if hit is None or hit[0] is not graph or hit[1] is not program:
+    hit = (graph, program, _IntTables(graph, program, env, donated))
+  _INT_TABLES[key] = hit            # most recently used last
+  while len(_INT_TABLES) > _INT_TABLES_MAX:
+    _INT_TABLES.pop(next(iter(_INT_TABLES)))
+  return hit[2]
 
 
 def _check_order(program: Program, order) -> tuple[int, ...]:
@@ -259,15 +339,23 @@ def _prune(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> list[tuple[
   if len(cands) <= 1:
     return cands
   points = sample_points(graph)
+  values = {p: [p.evaluate(env) for env in points] for _, p in cands}
   leaders: dict[Poly, int] = {}
-  for env in points:
-    pos, p = max(cands, key=lambda c: (c[1].evaluate(env), -c[0]))
+  for k in range(len(points)):
+    pos, p = max(cands, key=lambda c: (values[c[1]][k], -c[0]))
     leaders[p] = pos
   kept = [(pos, p) for p, pos in leaders.items()]
+  # q can dominate p only if q >= p at every allowed sample point (compare is
+  # sound): checking that first skips most exact comparisons, same result.
+  allowed = [k for k, env in enumerate(points) if graph.constraints.violation(env) is None]
+  def may_dominate(q, p):
+    vq, vp = values[q], values[p]
+    return all(vq[k] >= vp[k] for k in allowed)
   for pos, p in cands:
     if p in leaders:
       continue
-    dominated = any(compare_lib.compare_polys(q, p, graph.constraints).kind in ("GE", "EQ")
+    dominated = any(may_dominate(q, p) and
+                    compare_lib.compare_polys(q, p, graph.constraints).kind in ("GE", "EQ")
                     for _, q in kept)
     if not dominated:
       kept.append((pos, p))
