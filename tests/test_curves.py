@@ -1,0 +1,80 @@
+"""memory_curves: the same numbers as direct Analysis calls, shape by shape."""
+
+import dataclasses
+import math
+
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem.examples import transformer
+
+CFG = transformer.Config(vocab=61, d_model=32, n_heads=2, d_ff=64, n_layers=1)
+SHAPES = symmem.sweep(b=(1, 4), s=(2, 17, 64, 128))
+
+
+@pytest.fixture(scope="module")
+def analysis():
+  return symmem.analyze(transformer.make_train_step(CFG), *transformer.example_args(CFG, 2, 8),
+                        polymorphic_shapes=(None, "b, s", "b, s"),
+                        constraints=("s >= 2", "s <= 128", "b <= 4"))
+
+
+@pytest.fixture(scope="module")
+def budget(analysis):
+  """Between the last round's and round 0's peak at b=1, s=128: remat needed there."""
+  dims = {"b": 1, "s": 128}
+  return (analysis.round_peak(0, dims) + analysis.round_peak(len(analysis.rounds) - 1, dims)) // 2
+
+
+def test_sweep():
+  assert symmem.sweep(b=4, s=range(16, 49, 16)) == [
+      {"b": 4, "s": 16}, {"b": 4, "s": 32}, {"b": 4, "s": 48}]
+  assert symmem.sweep(b=(1, 2), s=(3, 5)) == [
+      {"b": 1, "s": 3}, {"b": 1, "s": 5}, {"b": 2, "s": 3}, {"b": 2, "s": 5}]
+
+
+def test_curves_match_direct_calls(analysis, budget):
+  budgeted = dataclasses.replace(analysis, memory_budget=budget, _round0_orders={}, _round_peaks={})
+  curves = symmem.memory_curves(budgeted, SHAPES)   # default: the analysis's budget
+  assert curves.budget == budget
+  assert curves == symmem.memory_curves(analysis, SHAPES, budget=budget)
+  for i, dims in enumerate(SHAPES):
+    assert curves.shapes[i] == dims
+    assert curves.baseline[i] == budgeted.baseline_peak_bytes(**dims)
+    assert curves.scheduled[i] == budgeted.round_peak(0, dims)
+    if curves.dispatched[i] is None:
+      assert curves.rounds[i] is None
+      with pytest.raises(symmem.BudgetError):
+        budgeted.peak_bytes(**dims)
+    else:
+      assert curves.dispatched[i] == budgeted.peak_bytes(**dims) <= budget
+      assert curves.rounds[i] == budgeted.choose_round(dims, budget)
+  # The three regimes all occur, so the comparison above covers each.
+  assert 0 in curves.rounds and None in curves.rounds
+  assert any(k for k in curves.rounds if k is not None)
+  assert curves.static is None
+
+
+def test_no_budget_and_static(analysis):
+  shapes = symmem.sweep(b=2, s=17)   # static replans per shape: one keeps the test quick
+  curves = symmem.memory_curves(analysis, shapes, budget=None, static=True)
+  assert curves.rounds == (0,)
+  assert curves.dispatched == curves.scheduled == tuple(analysis.peak_bytes(**d) for d in shapes)
+  assert curves.static == tuple(analysis.static_peak_bytes(**d) for d in shapes)
+
+
+def test_plotting_helpers(analysis, budget):
+  curves = symmem.memory_curves(analysis, SHAPES, budget=budget)
+  assert curves.x("s") == [d["s"] for d in SHAPES]
+  mib = curves.mib("dispatched")
+  for v, d in zip(mib, curves.dispatched):
+    assert math.isnan(v) if d is None else v == d / 2**20
+  assert all(math.isnan(v) for v in curves.mib("static"))
+  with pytest.raises(ValueError, match="unknown curve"):
+    curves.mib("peak")
+  changes = curves.round_changes()
+  assert changes[0] == (SHAPES[0], curves.rounds[0])
+  assert [k for _, k in changes] == [k for i, k in enumerate(curves.rounds)
+                                     if i == 0 or k != curves.rounds[i - 1]]
+  text = str(curves)
+  assert "over budget" in text and "trace order" in text and len(text.splitlines()) == 2 + len(SHAPES)

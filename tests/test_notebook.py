@@ -1,0 +1,105 @@
+"""notebooks/explore_step.ipynb runs headless, small configuration, and shows its plots and plan.
+
+The saved outputs are written by the same code path:
+
+    python -m tests.test_notebook --write
+"""
+
+import contextlib
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import nbformat
+
+NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_step.ipynb"
+
+
+@contextlib.contextmanager
+def _environ(**values: str):
+  saved = {k: os.environ.get(k) for k in values}
+  os.environ.update(values)
+  try:
+    yield
+  finally:
+    for k, v in saved.items():
+      if v is None:
+        os.environ.pop(k, None)
+      else:
+        os.environ[k] = v
+
+
+def execute(nb: nbformat.NotebookNode, timeout: int = 300) -> nbformat.NotebookNode:
+  """Runs `nb` in place, small configuration, on a kernel of this very interpreter.
+
+  The "python3" kernel spec is written to a temporary JUPYTER_PATH entry (first
+  in Jupyter's search order) with `sys.executable`, so the kernel runs this
+  environment's Python whatever other kernels the machine has installed.
+  """
+  import nbclient
+  from ipykernel import kernelspec
+  with tempfile.TemporaryDirectory() as tmp:
+    kernelspec.write_kernel_spec(os.path.join(tmp, "kernels", "python3"))
+    jupyter_path = os.pathsep.join(p for p in (tmp, os.environ.get("JUPYTER_PATH")) if p)
+    # The kernel runs in notebooks/: the checkout stays importable even if not pip-installed.
+    python_path = os.pathsep.join(p for p in (str(NOTEBOOK.parents[1]), os.environ.get("PYTHONPATH")) if p)
+    with _environ(JUPYTER_PATH=jupyter_path, PYTHONPATH=python_path, JAX_SYMMEM_NOTEBOOK_SMALL="1",
+                  MPLBACKEND="Agg"):
+      client = nbclient.NotebookClient(
+          nb, kernel_name="python3", timeout=timeout, record_timing=False,
+          resources={"metadata": {"path": str(NOTEBOOK.parent)}})
+      client.execute()
+  return nb
+
+
+def _text(cell) -> str:
+  parts = []
+  for out in cell.get("outputs", []):
+    if out.output_type == "stream":
+      parts.append(out.text)
+    elif "data" in out:
+      parts.append(out.data.get("text/plain", ""))
+  return "".join(parts)
+
+
+def test_notebook_runs_headless():
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable); print(sys.prefix)"))
+  start = time.perf_counter()
+  execute(nb)
+  elapsed = time.perf_counter() - start
+
+  code_cells = [c for c in nb.cells if c.cell_type == "code"]
+  assert all(c.execution_count for c in code_cells), "a code cell did not run"
+  errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+  assert not errors, errors
+  executable, prefix = _text(code_cells[-1]).split()
+  assert (executable, prefix) == (sys.executable, sys.prefix), "kernel ran another Python"
+
+  text = "".join(_text(c) for c in code_cells)
+  assert "SMALL=True" in text
+  assert "largest values" in text                                  # the shape report
+  assert "modeled peak memory" in text                             # the curves table
+  assert "rematerialization plan for train_step" in text           # the plan
+  assert "guard 'modeled peak of round 0" in text                  # ... with its guards
+  assert "compare(scores, hidden): DEPENDS" in text and "for s in [" in text
+  images = [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
+  assert len(images) == 2, "expected the memory plot and the breakpoint plot"
+  assert elapsed < 120, f"notebook took {elapsed:.0f} s"
+
+
+def main(argv):
+  if argv[1:] != ["--write"]:
+    sys.exit(f"usage: python -m tests.test_notebook --write   (re-executes and saves {NOTEBOOK.name})")
+  nb = nbformat.read(NOTEBOOK, as_version=4)
+  start = time.perf_counter()
+  execute(nb)
+  nbformat.validate(nb)
+  nbformat.write(nb, NOTEBOOK)
+  print(f"executed and saved {NOTEBOOK} in {time.perf_counter() - start:.1f} s")
+
+
+if __name__ == "__main__":
+  main(sys.argv)
