@@ -19,6 +19,9 @@ memory budget with `symmem.jit`:
 
 from jax_symmem import symbolic
 from jax_symmem._src.analysis import Analysis
+from jax_symmem._src.curves import MemoryCurves
+from jax_symmem._src.curves import memory_curves
+from jax_symmem._src.curves import sweep
 from jax_symmem._src.errors import BudgetError
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.errors import ShapeError
@@ -43,19 +46,25 @@ def shape_graph(traced: TracedProgram) -> ShapeGraph:
   return ShapeGraph(traced)
 
 
-def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None) -> Analysis:
+def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
+            in_shardings=None) -> Analysis:
   """Traces `fun` once with symbolic dims and plans its memory for every allowed shape.
 
   Returns an `Analysis`: `peak_bytes(**dims)` (the optimized step as dispatched at
   those dims under `memory_budget`), `baseline_peak_bytes(**dims)` (trace order,
   no rematerialization), `static_peak_bytes(**dims)` (the same pipeline planned
   with exact shapes), `stats`, a printable `plan`, and `graph`. Figures are the
-  jaxpr-level memory model's (see README: what the model measures).
+  jaxpr-level memory model's (see README: what the model measures), per device
+  when `in_shardings` (as in `jax.jit`) or the arguments' own shardings split them.
   """
   from jax_symmem._src import analysis as analysis_lib
+  from jax_symmem._src import sharding
   from jax_symmem._src.jit import resolve_budget
   traced = trace(fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints)
-  return analysis_lib.analyze_traced(traced, memory_budget=resolve_budget(memory_budget))
+  divisors = sharding.argument_divisors(in_shardings, args,
+                                        [traced.program.avals[v] for v in traced.program.inputs])
+  return analysis_lib.analyze_traced(traced, memory_budget=resolve_budget(memory_budget),
+                                     argument_divisors=divisors)
 
 
 __version__ = "0.1.0"
@@ -64,5 +73,6 @@ __all__ = [
     "Analysis", "BudgetError", "SymmemFunction", "analyze", "jit",
     "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
     "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
-    "memory_report", "shape_graph", "shape_report", "symbolic", "trace",
+    "MemoryCurves", "memory_curves", "memory_report", "shape_graph", "shape_report", "sweep",
+    "symbolic", "trace",
 ]

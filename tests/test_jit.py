@@ -74,8 +74,9 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   small = transformer.example_args(CFG, 1, 8)
   step(*small)
   assert [k[2] for k in step._executables if dict(k[1]) == {"b": 1, "s": 8}] == [0]
-  options = {dict(k[1])["s"]: v for k, v in step._variant_options.items()}
-  assert options[8] == {} and options[128] == jit_lib.CPU_COMPILER_OPTIONS
+  options = {v["dims"]["s"]: v["memory_options"] for v in step.variants()}
+  assert options == {8: False, 128: True}
+  assert step.last_call["dims"] == {"b": 1, "s": 8} and step.last_call["round"] == 0
 
 
 def test_budget_below_the_minimum_fails_before_compiling():

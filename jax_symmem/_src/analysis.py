@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Callable, Mapping
+from typing import Callable, Mapping, Sequence
 
 from jax_symmem._src import memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
+from jax_symmem._src import sharding as sharding_lib
 from jax_symmem._src.errors import BudgetError
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram
@@ -202,7 +203,13 @@ def _plan(graph: ShapeGraph, dims: Mapping[str, int] | None):
   return sched, rounds, stats
 
 
-def analyze_traced(traced: TracedProgram, memory_budget: int | None = None) -> Analysis:
+def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
+                   argument_divisors: Sequence[Sequence[int]] | None = None) -> Analysis:
+  """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
+  many shards it is split into) makes every figure per device (sharding.py)."""
   graph = ShapeGraph(traced)
+  if argument_divisors is not None and any(d > 1 for ds in argument_divisors for d in ds):
+    graph = graph.per_device(sharding_lib.propagate(traced.program, argument_divisors,
+                                                    lambda v: graph.values[v].dims))
   sched, rounds, stats = _plan(graph, None)
   return Analysis(traced, graph, sched, rounds, memory_budget, stats)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import collections
+import math
+
 import jax
 
 
@@ -14,9 +17,18 @@ def device_memory() -> tuple[int | None, int | None]:
 
 
 def live_bytes() -> int:
-  """Bytes held by live arrays: the allocator's figure where the backend has one,
-  otherwise the sum over `jax.live_arrays()` (about 10 us at 10 arrays)."""
+  """Bytes held by live arrays on the fullest device: the allocator's figure where the
+  backend has one, otherwise from `jax.live_arrays()` (about 10 us at 10 arrays); a
+  sharded array counts its shard on each device that holds one."""
   in_use, _ = device_memory()
   if in_use is not None:
     return in_use
-  return sum(a.nbytes for a in jax.live_arrays() if not a.is_deleted())
+  arrays = [a for a in jax.live_arrays() if not a.is_deleted()]
+  if jax.device_count() == 1:
+    return sum(a.nbytes for a in arrays)
+  per_device: collections.Counter = collections.Counter()
+  for a in arrays:
+    shard = math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
+    for d in a.sharding.device_set:
+      per_device[d] += shard
+  return max(per_device.values(), default=0)

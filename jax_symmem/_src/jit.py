@@ -21,6 +21,8 @@ Recomputation is fenced with optimization barriers and compiled with XLA:CPU's
 from __future__ import annotations
 
 import functools
+import math
+import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -32,8 +34,11 @@ from jax_symmem._src import fence
 from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import interpret
+from jax_symmem._src import sharding as sharding_lib
+from jax_symmem._src import jax_dims
 from jax_symmem._src import tracing
-from jax_symmem._src.errors import BudgetError, ShapeError, SymmemError
+from jax_symmem._src.errors import BudgetError, ShapeError, ShapeSpecError, SymmemError
+from jax_symmem._src.poly import Poly, Var
 
 # XLA:CPU options for variants compiled under a memory budget: keep our fences
 # (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
@@ -81,7 +86,7 @@ class SymmemFunction:
 
   def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
                impose_schedule: bool = False, static_argnums=(), static_argnames=(),
-               donate_argnums=(), **jit_kwargs):
+               donate_argnums=(), in_shardings=None, out_shardings=None, **jit_kwargs):
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
@@ -93,33 +98,56 @@ class SymmemFunction:
                              else tuple(static_argnames))
     self._donate = ((donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums))
     self._jit_kwargs = jit_kwargs
+    # As in jax.jit: prefix trees of the dynamic positional arguments / the outputs.
+    self._in_shardings, self._out_shardings = in_shardings, out_shardings
+    self._sharding_kwargs = {k: v for k, v in (("in_shardings", in_shardings),
+                                               ("out_shardings", out_shardings)) if v is not None}
+    self._arg_splits: dict[Any, tuple[int, ...]] = {}    # static key -> shards per leaf
     self._impose_schedule = impose_schedule
     self._lock = threading.RLock()
     self._analyses: dict[Any, analysis_lib.Analysis | None] = {}
     self._executables: dict[Any, Any] = {}
     self._decisions: dict[Any, int] = {}
     self._calibration: dict[Any, dict[int, float]] = {}   # static key -> round -> XLA/model
-    self._variant_options: dict[Any, dict] = {}           # (static key, dims) -> compiler options
+    self._variants: dict[Any, dict] = {}                  # executable key -> what it is
+    self.last_call: dict | None = None                    # the most recent dispatch
     self._fallbacks: dict[Any, Callable] = {}
+    self._spec_dtypes: dict[Any, tuple] = {}              # static key -> traced leaf dtypes
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0}
 
   # -- public --
   def __call__(self, *args, **kwargs):
     static_key, dyn_args, bound = self._split(args, kwargs)
-    analysis = self._analysis(static_key, bound, dyn_args)
+    try:
+      analysis = self._analysis(static_key, bound, dyn_args)
+    except ShapeSpecError:
+      self._check_arrays(dyn_args)   # a str or Python number: say so as jax.jit does (TypeError)
+      raise
     if analysis is None:
-      self._counts["fallback_calls"] += 1
-      return self._fallbacks[static_key](*args, **kwargs)
+      return self._call_fallback(static_key, args, kwargs)
     traced = analysis.traced
     flat, tree = jax.tree_util.tree_flatten(tuple(dyn_args))
     if tree != traced.in_tree:
       raise ShapeError(f"{traced.fun_name} was traced for arguments with structure "
                        f"{traced.in_tree}, but got {tree}")
-    dims = traced.bind_dims(*dyn_args)
+    spec_dtypes = self._spec_dtypes.get(static_key)
+    if spec_dtypes is None:
+      spec_dtypes = self._spec_dtypes[static_key] = tuple(
+          s.dtype for s in jax.tree_util.tree_leaves(traced.in_specs))
+    if any(getattr(x, "dtype", None) != d for x, d in zip(flat, spec_dtypes)):
+      # The executables are specialized to the traced dtypes: another dtype would be
+      # reinterpreted by the traced program (e.g. bool -> int casts), never retraced.
+      self._check_dtypes(traced, dyn_args, spec_dtypes)
+    try:
+      dims = traced.bind_dims(*dyn_args)
+    except ShapeError:
+      self._explain_shape_error(traced, dyn_args)
+      raise
     budget = self._budget()
     reserved = 0
     if budget is not None:
-      arg_bytes = sum(getattr(a, "nbytes", 0) for a in flat)
+      splits = self._arg_splits.get(static_key) or (1,) * len(flat)
+      arg_bytes = sum(getattr(a, "nbytes", 0) // d for a, d in zip(flat, splits))   # per device
       reserved = max(0, _live_bytes() - arg_bytes)
     dims_key = tuple(sorted(dims.items()))
     key = (static_key, dims_key, reserved >> 20, budget)
@@ -130,10 +158,20 @@ class SymmemFunction:
       exe_key = (static_key, dims_key, k)
       exe = self._executables.get(exe_key)
       if exe is None:
-        exe, k = self._compile(analysis, static_key, dims, k, args, flat, budget, reserved)
+        try:
+          exe, k = self._compile(analysis, static_key, dims, k, args, flat, budget, reserved)
+        except SymmemError:
+          raise
+        except Exception as e:  # e.g. a primitive whose params we cannot specialize: jax.jit
+          self._fall_back(static_key, f"compiling at {dims}: {type(e).__name__}: {e}")
       else:
         self._counts["hits"] += 1
-      self._decisions[key] = k
+      if exe is not None:
+        self._decisions[key] = k
+    if exe is None:
+      return self._call_fallback(static_key, args, kwargs)
+    self.last_call = {"dims": dims, "round": k, "reserved": reserved, "budget": budget,
+                      "xla_bytes": self._variants[(static_key, dims_key, k)]["xla_bytes"]}
     out = exe(*flat)
     return jax.tree_util.tree_unflatten(traced.out_tree, out)
 
@@ -153,6 +191,13 @@ class SymmemFunction:
 
   def cache_info(self) -> dict[str, int]:
     return dict(self._counts, executables=len(self._executables))
+
+  def variants(self) -> list[dict]:
+    """Each compiled executable: dims, eviction round, XLA's footprint in bytes
+    (`memory_analysis()`: arguments + outputs + temps - aliased) and whether it was
+    compiled with the memory-saving options."""
+    with self._lock:
+      return [dict(v) for v in self._variants.values()]
 
   # -- implementation --
   def _split(self, args, kwargs):
@@ -202,18 +247,19 @@ class SymmemFunction:
         if self._jit_kwargs:
           raise NotImplementedError(
               f"jax.jit options {sorted(self._jit_kwargs)} are not supported by the memory planner "
-              "yet (sharding is planned)")
+              "yet")
         traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
                                constraints=self._constraints)
-        result = analysis_lib.analyze_traced(traced, memory_budget=self._budget())
+        # Sharded arguments: the memory model counts bytes per device (sharding.py).
+        divisors = sharding_lib.argument_divisors(
+            self._in_shardings, dyn_args, [traced.program.avals[v] for v in traced.program.inputs])
+        self._arg_splits[static_key] = tuple(math.prod(d) for d in divisors)
+        result = analysis_lib.analyze_traced(traced, memory_budget=self._budget(),
+                                             argument_divisors=divisors)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
-        logging.warning("jax_symmem: %s falls back to jax.jit: %s: %s",
-                        getattr(self._fun, "__name__", "function"), type(e).__name__, e)
-        self._fallbacks[static_key] = jax.jit(
-            self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-            donate_argnums=self._donate, **self._jit_kwargs)
+        self._fall_back(static_key, f"{type(e).__name__}: {e}")
         result = None
       self._analyses[static_key] = result
       return result
@@ -247,7 +293,8 @@ class SymmemFunction:
         options = dict(options, **fence.FENCE_COMPILER_OPTIONS)
       else:
         run = lambda *a, program=program, order=order: interpret.run(program, a, order)
-      fn = jax.jit(run, donate_argnums=donate)
+      fn = jax.jit(lambda *a, run=run: tuple(run(*a)), donate_argnums=donate,
+                   **self._flat_shardings(args, analysis.traced))
       exe = fn.lower(*flat).compile(compiler_options=options)
       self._counts["compiles"] += 1
       ma = exe.memory_analysis()
@@ -272,8 +319,100 @@ class SymmemFunction:
                       "(round %d), above the %.1f MiB budget", analysis.traced.fun_name, dims,
                       footprint / 2**20, k, budget / 2**20)
     self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
-    self._variant_options[(static_key, tuple(sorted(dims.items())))] = options
+    self._variants[(static_key, tuple(sorted(dims.items())), k)] = {
+        "dims": dict(dims), "round": k, "xla_bytes": footprint, "memory_options": bool(options)}
     return exe, k
+
+  def _flat_shardings(self, args, traced) -> dict[str, tuple]:
+    """jax.jit's in/out_shardings for the flat-argument, flat-output executable."""
+    out = {}
+    if self._in_shardings is not None:
+      dyn = tuple(a for i, a in enumerate(args) if i not in self._static_argnums)
+      out["in_shardings"] = tuple(sharding_lib.broadcast_prefix(self._in_shardings, dyn))
+    if self._out_shardings is not None:
+      shaped = jax.tree_util.tree_unflatten(traced.out_tree, [0] * traced.out_tree.num_leaves)
+      out["out_shardings"] = tuple(sharding_lib.broadcast_prefix(self._out_shardings, shaped))
+    return out
+
+  def _fall_back(self, static_key, reason: str) -> None:
+    """From now on this static key runs under plain jax.jit; says why, once."""
+    with self._lock:
+      if static_key in self._fallbacks:   # another thread's compile failed first
+        return
+      logging.warning("jax_symmem: %s falls back to jax.jit: %s",
+                      getattr(self._fun, "__name__", "function"), reason)
+      self._fallbacks[static_key] = jax.jit(
+          self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
+          donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
+      self._analyses[static_key] = None
+
+  def _call_fallback(self, static_key, args, kwargs):
+    with self._lock:   # `+=` on a dict item is not atomic across threads
+      self._counts["fallback_calls"] += 1
+    return self._fallbacks[static_key](*args, **kwargs)
+
+  # -- argument validation (error paths only: the hot path compares dtypes and nothing else) --
+  def _where(self, path) -> str:
+    """`args[i]...` with i the positional index the caller used (static arguments counted)."""
+    i, seen = -1, -1
+    while seen < path[0].idx:
+      i += 1
+      seen += i not in self._static_argnums
+    return f"args[{i}]{jax.tree_util.keystr(path[1:])}"
+
+  def _check_arrays(self, dyn_args) -> None:
+    """TypeError for a leaf that is not an array (jax.jit raises TypeError for a str too)."""
+    for path, x in jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]:
+      if hasattr(x, "shape") and hasattr(x, "dtype"):
+        continue
+      if isinstance(x, (bool, int, float, complex)):
+        # jax.jit would trace it as a weakly typed scalar; jax.export's specs drop weak
+        # types, so tracing it as f32/i32 could change the result dtype: refuse instead.
+        raise TypeError(
+            f"{self.__name__}: argument {self._where(path)} is a Python {type(x).__name__} "
+            f"({x!r}); symmem.jit traces array arguments only: pass jnp.asarray({x!r}, dtype) for "
+            "a value that changes between calls, or mark it static (static_argnums) for a constant")
+      raise TypeError(
+          f"{self.__name__}: argument {self._where(path)} of type {type(x).__name__} ({x!r:.40}) "
+          "is not an array; mark it static with static_argnums/static_argnames")
+
+  def _check_dtypes(self, traced, dyn_args, spec_dtypes) -> None:
+    self._check_arrays(dyn_args)
+    paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
+    for (path, x), want in zip(paths, spec_dtypes):
+      if jax.dtypes.canonicalize_dtype(x.dtype) != want:   # float64 is float32 without x64
+        raise TypeError(
+            f"{traced.fun_name}: argument {self._where(path)} has dtype {x.dtype}, but it was "
+            f"traced for {want}; symmem.jit traces once per static arguments: cast it "
+            f"(x.astype({want})) or use a separate symmem.jit for the other dtype")
+
+  def _explain_shape_error(self, traced, dyn_args) -> None:
+    """A clearer ShapeError for an axis traced static whose size changed, or a size that
+    is no multiple its spec declares (e.g. 8*k from 's == 8*k')."""
+    paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
+    for (path, x), spec in zip(paths, jax.tree_util.tree_leaves(traced.in_specs)):
+      shape = tuple(getattr(x, "shape", ()))
+      if len(shape) != len(spec.shape):
+        continue
+      for axis, (d, n) in enumerate(zip(spec.shape, shape)):
+        where = f"{traced.fun_name}: argument {self._where(path)} has shape {shape}, but axis {axis}"
+        if isinstance(d, int):
+          if d != n:
+            raise ShapeError(
+                f"{where} was traced as a constant {d} (polymorphic_shapes gives it '_', a number "
+                "or None); a size that changes between calls must be a symbolic dim in "
+                "polymorphic_shapes, e.g. 'b, s'")
+          continue
+        p = jax_dims.to_poly(d)
+        if len(p.variables()) != 1 or p.degree() != 1:
+          continue
+        (v,) = p.variables()
+        coeff = p.as_dict().get(((Var(v), 1),))
+        rest = (p - coeff * Poly.var(v)).evaluate({})
+        if coeff and ((n - rest) % coeff or (n - rest) // coeff < 1):
+          declared = [c for c in self._constraints if re.search(rf"\b{v}\b", c)]
+          raise ShapeError(f"{where} must be {p} for some integer {v} >= 1 (constraints: "
+                           f"{', '.join(declared) or 'none'}), and {n} is not")
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
@@ -289,7 +428,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       default the device's limit where known, otherwise no eviction.
     impose_schedule: fence jax_symmem's memory-aware order into XLA with
       optimization barriers instead of leaving the order to XLA's scheduler.
-    **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums as in jax.jit.
+    **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, in_shardings and
+      out_shardings as in jax.jit. With shardings (or sharded arguments) the memory
+      model and the budget are per device.
   """
   if fun is None:
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,

@@ -44,6 +44,7 @@ class ValueInfo:
   bytes: Poly
   primitive: str | None   # producer primitive; None for program inputs
   source: str             # producer's source line ("" for inputs)
+  itemsize: int = 0       # bytes per element
 
   def shape_str(self) -> str:
     return f"{self.dtype}[{', '.join(str(d) for d in self.dims)}]"
@@ -159,7 +160,7 @@ class ShapeGraph:
     size = Poly.const(itemsize(aval)) * product(dims)
     dtype = str(getattr(aval, "dtype", type(aval).__name__))
     return ValueInfo(vid, dims, dtype, size, node.name if node else None,
-                     node.source if node else "")
+                     node.source if node else "", itemsize(aval))
 
   def _collect(self, program: Program, values, relations) -> None:
     for i in program.inputs:
@@ -197,6 +198,29 @@ class ShapeGraph:
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
     values = dict(self.values)
     new._collect(program, values, [])
+    new.values = values
+    return new
+
+  def per_device(self, divisors: Mapping[int, Sequence[int]]) -> "ShapeGraph":
+    """This graph with each value's bytes per device: a dim of size n split d ways
+    (`divisors[value_id][dim]`, from `sharding.propagate`) holds ceil(n / d)."""
+    def split(n: Poly, d: int) -> Poly:
+      if d == 1:
+        return n
+      coeffs = n.as_dict()
+      if all(c % d == 0 for c in coeffs.values()):
+        return Poly.from_dict({m: c // d for m, c in coeffs.items()})
+      return (n + (d - 1)).floordiv(d)
+    new = object.__new__(ShapeGraph)
+    new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
+    values = dict(self.values)
+    for vid, ds in divisors.items():
+      info = values.get(vid)
+      if info is None or all(d == 1 for d in ds):
+        continue
+      dims = tuple(split(n, d) for n, d in zip(info.dims, ds))
+      values[vid] = dataclasses.replace(
+          info, dims=dims, bytes=Poly.const(info.itemsize) * product(dims))
     new.values = values
     return new
 

@@ -1,0 +1,197 @@
+"""Per-device sizes of a sharded step: how many ways each dim of each value is split.
+
+`jax.jit` with `in_shardings` (or committed, sharded arguments) runs one SPMD
+program per device; XLA's partitioner decides the sharding of every
+intermediate. The memory model needs each value's bytes *per device*, so this
+module propagates, forward through the program, a divisor per dim (the number of
+shards it is split into) from the arguments' `NamedSharding`s, with one rule per
+primitive in `SHARDING_RULES`, as GSPMD's forward propagation would:
+
+* a dot_general keeps its operands' batch and free-dim splits (a split
+  contracting dim becomes a partial sum, all-reduced: not split);
+* reductions drop the reduced dims, transposes permute, broadcasts map dims;
+* a reshape keeps a split on the major dim of a merged or split group;
+* any other op whose output dim equals an operand's dim (elementwise ops,
+  slices on other dims, ...) keeps that operand's split;
+* everything else (and control flow) is assumed replicated: an over-estimate,
+  never an under-estimate of a value the model cannot place.
+
+`with_sharding_constraint` sets the split it names. A dim of size n split d ways
+takes ceil(n / d) per device.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping, Sequence
+
+import jax
+
+from jax_symmem._src import jax_dims
+from jax_symmem._src.poly import Poly
+from jax_symmem._src.tracing import Const, Node, Program
+
+Divisors = tuple[int, ...]   # per dim of a value: how many shards it is split into
+
+
+def spec_divisors(sharding: Any, ndim: int) -> Divisors:
+  """Per-dim split counts of a `NamedSharding` (anything else: replicated)."""
+  spec = getattr(sharding, "spec", None)
+  mesh = getattr(sharding, "mesh", None)
+  if spec is None or mesh is None:
+    return (1,) * ndim
+  out = []
+  for k in range(ndim):
+    entry = spec[k] if k < len(spec) else None
+    axes = () if entry is None else (entry if isinstance(entry, tuple) else (entry,))
+    d = 1
+    for a in axes:
+      d *= mesh.shape[a]
+    out.append(d)
+  return tuple(out)
+
+
+def is_sharded(divisors: Mapping[int, Divisors]) -> bool:
+  return any(d > 1 for ds in divisors.values() for d in ds)
+
+
+# --- propagation -----------------------------------------------------------------------
+
+Rule = Callable[[Node, Sequence[Divisors], Sequence[tuple[Poly, ...]],
+                 Sequence[tuple[Poly, ...]]], list[Divisors]]
+SHARDING_RULES: dict[str, Rule] = {}
+
+
+def propagate(program: Program, inputs: Sequence[Divisors], dims_of) -> dict[int, Divisors]:
+  """Divisors of every value of `program`; `dims_of(value_id)` gives its dims (Polys)."""
+  divisors: dict[int, Divisors] = dict(zip(program.inputs, inputs))
+  for node in program.nodes:
+    in_dims = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const) else dims_of(x)
+               for x in node.inputs]
+    in_div = [divisors.get(x) if not isinstance(x, Const) else None for x in node.inputs]
+    in_div = [d if d is not None else (1,) * len(n) for d, n in zip(in_div, in_dims)]
+    out_dims = [dims_of(o) for o in node.outputs]
+    rule = SHARDING_RULES.get(node.name, _same_dims)
+    outs = rule(node, in_div, in_dims, out_dims) if not node.subprograms else []
+    for o, dims, d in zip(node.outputs, out_dims, outs or [None] * len(node.outputs)):
+      divisors[o] = d if d is not None else (1,) * len(dims)
+  return divisors
+
+
+def _same_dims(node, in_div, in_dims, out_dims) -> list[Divisors]:
+  """Each output dim keeps the largest split of an operand dim of the same size and position."""
+  outs = []
+  for dims in out_dims:
+    ds = []
+    for k, n in enumerate(dims):
+      ds.append(max([d[k] for d, idims in zip(in_div, in_dims)
+                     if len(idims) == len(dims) and idims[k] == n] or [1]))
+    outs.append(tuple(ds))
+  return outs
+
+
+def _dot_general(node, in_div, in_dims, out_dims):
+  (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+  ld, rd = in_div[0], in_div[1]
+  batch = [max(ld[a], rd[b]) for a, b in zip(lb, rb)]
+  lfree = [ld[k] for k in range(len(ld)) if k not in lc and k not in lb]
+  rfree = [rd[k] for k in range(len(rd)) if k not in rc and k not in rb]
+  return [tuple(batch + lfree + rfree)]
+
+
+def _reduce(node, in_div, in_dims, out_dims):
+  axes = set(node.params["axes"])
+  d = in_div[0]
+  return [tuple(x for k, x in enumerate(d) if k not in axes)] * len(out_dims)
+
+
+def _transpose(node, in_div, in_dims, out_dims):
+  d = in_div[0]
+  return [tuple(d[p] for p in node.params["permutation"])]
+
+
+def _broadcast_in_dim(node, in_div, in_dims, out_dims):
+  d = in_div[0]
+  out = [1] * len(out_dims[0])
+  for k, target in enumerate(node.params["broadcast_dimensions"]):
+    if in_dims[0][k] == out_dims[0][target]:   # a size-1 dim broadcast up is not split
+      out[target] = d[k]
+  return [tuple(out)]
+
+
+def _squeeze(node, in_div, in_dims, out_dims):
+  d = in_div[0]
+  gone = {k % len(d) for k in node.params["dimensions"]}
+  return [tuple(x for k, x in enumerate(d) if k not in gone)]
+
+
+def _reshape(node, in_div, in_dims, out_dims):
+  """Groups input and output dims whose products match; a group keeps the split of
+  its major input dim on its major output dim (row-major layout stays contiguous)."""
+  src, dst = list(in_dims[0]), list(out_dims[0])
+  d = in_div[0]
+  out = [1] * len(dst)
+  i = j = 0
+  while i < len(src) and j < len(dst):
+    gi, gj = i + 1, j + 1
+    pi, pj = src[i], dst[j]
+    for _ in range(len(src) + len(dst)):
+      if pi == pj:
+        break
+      # grow the side whose product is "smaller": compare by degree then value at 2
+      if _grows_first(pi, pj) and gi < len(src):
+        pi, gi = pi * src[gi], gi + 1
+      elif gj < len(dst):
+        pj, gj = pj * dst[gj], gj + 1
+      elif gi < len(src):
+        pi, gi = pi * src[gi], gi + 1
+      else:
+        break
+    if pi != pj:
+      break   # no exact grouping: leave the rest replicated
+    if d[i] > 1:
+      out[j] = d[i]
+    i, j = gi, gj
+  return [tuple(out)]
+
+
+def _grows_first(a: Poly, b: Poly) -> bool:
+  probe = {v: 2 for v in a.variables() | b.variables()}
+  return a.evaluate(probe) < b.evaluate(probe)
+
+
+def _sharding_constraint(node, in_div, in_dims, out_dims):
+  return [spec_divisors(node.params["sharding"], len(out_dims[0]))]
+
+
+SHARDING_RULES.update({
+    "dot_general": _dot_general,
+    "reduce_sum": _reduce, "reduce_max": _reduce, "reduce_min": _reduce, "reduce_prod": _reduce,
+    "argmax": _reduce, "argmin": _reduce, "reduce_and": _reduce, "reduce_or": _reduce,
+    "transpose": _transpose,
+    "broadcast_in_dim": _broadcast_in_dim,
+    "squeeze": _squeeze,
+    "reshape": _reshape,
+    "sharding_constraint": _sharding_constraint,
+})
+
+
+def argument_divisors(in_shardings, dyn_args, flat_avals) -> list[Divisors]:
+  """Per-leaf divisors of the dynamic arguments: `in_shardings` (a prefix tree of the
+  arguments, as in `jax.jit`) where given, otherwise each array's own sharding."""
+  leaves = jax.tree_util.tree_leaves(tuple(dyn_args))
+  if in_shardings is None:
+    shardings = [getattr(x, "sharding", None) for x in leaves]
+  else:
+    shardings = broadcast_prefix(in_shardings, tuple(dyn_args))
+  return [spec_divisors(s, len(getattr(a, "shape", ()))) for s, a in zip(shardings, flat_avals)]
+
+
+def broadcast_prefix(prefix, tree) -> list:
+  """One entry of the prefix tree `prefix` per leaf of `tree` (jax.jit's rule)."""
+  is_sharding = lambda x: x is None or isinstance(x, jax.sharding.Sharding)
+  prefix_leaves, prefix_def = jax.tree_util.tree_flatten(prefix, is_leaf=is_sharding)
+  subtrees = prefix_def.flatten_up_to(tree)
+  out = []
+  for p, sub in zip(prefix_leaves, subtrees):
+    out.extend([p] * len(jax.tree_util.tree_leaves(sub)))
+  return out

@@ -1,0 +1,281 @@
+"""Bad input to `symmem.jit`: a clear error naming the cause, or one logged warning and
+plain `jax.jit` with the same result; never a wrong result. One test per row of the
+README's "Bad input" table."""
+
+from concurrent import futures
+import logging as py_logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import jit as jit_lib
+
+
+def _fallback_warnings(caplog):
+  return [r for r in caplog.records if "falls back to jax.jit" in r.getMessage()]
+
+
+def _sum_rows(x, y):
+  return jnp.sum(x, axis=1) + jnp.sum(y)
+
+
+# -- shapes --------------------------------------------------------------------------
+
+
+def test_constant_axis_whose_size_changes():
+  f = symmem.jit(_sum_rows, polymorphic_shapes=("b, 4", None))
+  f(jnp.ones((2, 4)), jnp.ones(3))
+  with pytest.raises(symmem.ShapeError,
+                     match=r"args\[0\] has shape \(2, 5\), but axis 1 was traced as a constant 4"
+                           r".*must be a symbolic dim"):
+    f(jnp.ones((2, 5)), jnp.ones(3))
+
+
+def test_none_spec_whose_shape_changes():
+  f = symmem.jit(_sum_rows, polymorphic_shapes=("b, _", None))
+  np.testing.assert_allclose(f(jnp.ones((2, 4)), jnp.ones(3)), [7.0, 7.0])
+  with pytest.raises(symmem.ShapeError,
+                     match=r"args\[1\] has shape \(5,\), but axis 0 was traced as a constant 3"):
+    f(jnp.ones((2, 4)), jnp.ones(5))
+  with pytest.raises(symmem.ShapeError, match=r"args\[1\] has shape \(3, 1\), expected rank 1"):
+    f(jnp.ones((2, 4)), jnp.ones((3, 1)))
+
+
+def test_shape_outside_the_constraints():
+  f = symmem.jit(lambda x: jnp.sum(x * x), polymorphic_shapes=("b, s",),
+                 constraints=("s <= 64", "b >= 2"))
+  assert float(f(jnp.ones((2, 16)))) == 32.0
+  with pytest.raises(symmem.ShapeError, match=r"s = 72 is outside \[1, 64\].*s <= 64"):
+    f(jnp.ones((2, 72)))
+  with pytest.raises(symmem.ShapeError, match=r"b = 1 is outside \[2, inf\].*b >= 2"):
+    f(jnp.ones((1, 16)))
+  # A declared multiple: s = 8*k, so the bound on s is one on k.
+  g = symmem.jit(lambda x: jnp.sum(x * x), polymorphic_shapes=("b, s",),
+                 constraints=("s <= 64", "s == 8*k"))
+  assert float(g(jnp.ones((2, 16)))) == 32.0
+  with pytest.raises(symmem.ShapeError,
+                     match=r"axis 1 must be 8\*k for some integer k >= 1 \(constraints: s == 8\*k\), "
+                           r"and 12 is not"):
+    g(jnp.ones((2, 12)))
+  with pytest.raises(symmem.ShapeError, match=r"k = 9 is outside \[1, 8\].*s == 8\*k"):
+    g(jnp.ones((2, 72)))
+  assert f.cache_info()["compiles"] == g.cache_info()["compiles"] == 1
+
+
+def test_spec_of_the_wrong_rank():
+  f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b",))
+  with pytest.raises(symmem.ShapeSpecError, match=r"args\[0\] has rank 1 .* shape \(2, 3\)"):
+    f(jnp.ones((2, 3)))
+
+
+def test_contradictory_constraints():
+  f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b",), constraints=("b >= 8", "b <= 4"))
+  with pytest.raises(symmem.ConstraintError):
+    f(jnp.ones(6))
+
+
+def test_wrong_pytree_structure():
+  f = symmem.jit(lambda p, x: p["w"] * x, polymorphic_shapes=(None, "n"))
+  f({"w": jnp.ones(())}, jnp.ones(3))
+  with pytest.raises(symmem.ShapeError, match=r"traced for arguments with structure .*'w'.* but got"):
+    f({"v": jnp.ones(())}, jnp.ones(3))
+  with pytest.raises(symmem.ShapeError, match="traced for arguments with structure"):
+    f({"w": jnp.ones(())}, [jnp.ones(3)])
+
+
+# -- functions the planner cannot handle --------------------------------------------
+
+
+def test_unsupported_primitive_falls_back(caplog):
+  # pure_callback's result shapes are a parameter the planner cannot specialize:
+  # compiling the planned program fails, so the step runs under jax.jit.
+  def f(x):
+    y = jax.pure_callback(np.sin, jax.ShapeDtypeStruct(x.shape, x.dtype), x)
+    return y * 2.0
+  g = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    for n in (3, 5, 3):
+      x = jnp.arange(n, dtype=jnp.float32)
+      np.testing.assert_allclose(g(x), jax.jit(f)(x), rtol=1e-6)
+  (warning,) = _fallback_warnings(caplog)
+  assert "compiling at {'n': 3}" in warning.getMessage()
+  assert g.cache_info()["fallback_calls"] == 3
+
+
+def test_python_control_flow_on_a_dim_falls_back(caplog):
+  def f(x):
+    return x * 2.0 if x.shape[0] > 3 else x + 1.0
+  g = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    for n in (2, 5):
+      np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
+  (warning,) = _fallback_warnings(caplog)
+  assert "add a constraint that decides it" in warning.getMessage()
+
+
+def test_reshape_without_a_divisible_dim_falls_back(caplog):
+  def f(x):
+    return jnp.sum(x.reshape(x.shape[0], -1, 4) ** 2, axis=1)
+  g = symmem.jit(f, polymorphic_shapes=("b, s",))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    x = jnp.arange(24, dtype=jnp.float32).reshape(2, 12)
+    np.testing.assert_allclose(g(x), jax.jit(f)(x))
+  (warning,) = _fallback_warnings(caplog)
+  assert "declare it as a multiple" in warning.getMessage()
+  # Declaring the multiple traces it symbolically.
+  h = symmem.jit(f, polymorphic_shapes=("b, 4*k",))
+  np.testing.assert_allclose(h(x), jax.jit(f)(x))
+  assert h.cache_info()["fallback_calls"] == 0
+
+
+def test_data_dependent_shape(caplog):
+  nonzero = lambda x: jnp.nonzero(x)[0]
+  g = symmem.jit(nonzero, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    for _ in range(2):   # jax.jit cannot run it either: its own error, every call
+      with pytest.raises(jax.errors.ConcretizationTypeError, match="size argument of jnp.nonzero"):
+        g(jnp.array([0.0, 1.0, 2.0]))
+  (warning,) = _fallback_warnings(caplog)
+  assert "give a static size" in warning.getMessage()
+  # With a static size it traces symbolically.
+  sized = symmem.jit(lambda x: jnp.nonzero(x, size=2)[0], polymorphic_shapes=("n",))
+  np.testing.assert_array_equal(sized(jnp.array([0.0, 1.0, 2.0, 0.0])), [1, 2])
+  assert sized.cache_info()["fallback_calls"] == 0
+
+
+def test_unsupported_jit_options_fall_back(caplog):
+  g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",), keep_unused=True)
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    np.testing.assert_allclose(g(jnp.ones(3)), 2 * np.ones(3))
+    np.testing.assert_allclose(g(jnp.ones(4)), 2 * np.ones(4))
+  (warning,) = _fallback_warnings(caplog)
+  assert "keep_unused" in warning.getMessage()
+
+
+# -- budgets -------------------------------------------------------------------------
+
+
+def test_budget_below_the_minimum():
+  def loss(x, w):
+    return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w.T) ** 2)
+  args = lambda b: (jnp.ones((b, 256)), jnp.ones((256, 256)) / 256)
+  dims = {"b": 512}
+  probe = symmem.analyze(jax.grad(loss, argnums=1), *args(8), polymorphic_shapes=("b, _", None),
+                         constraints=("b <= 512",))
+  lowest = min(probe.round_peak(k, dims) for k in range(len(probe.rounds)))
+  step = symmem.jit(jax.grad(loss, argnums=1), polymorphic_shapes=("b, _", None),
+                    constraints=("b <= 512",), memory_budget=lowest // 2)
+  with pytest.raises(symmem.BudgetError,
+                     match=rf"smallest achievable peak at {{'b': 512}}: {lowest / 2**20:.1f} MiB"):
+    step(*args(512))
+  assert step.cache_info()["compiles"] == 0   # refused before compiling anything
+
+
+def test_fractional_budget_without_a_device_limit():
+  if jit_lib._device_memory()[1] is not None:
+    pytest.skip("this device reports a memory limit: fractions are allowed")
+  g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",), memory_budget=0.5)
+  with pytest.raises(ValueError, match="reports no memory limit; give the budget in bytes"):
+    g(jnp.ones(3))
+
+
+# -- arguments that are not arrays ---------------------------------------------------
+
+
+def test_python_number_argument():
+  scale = lambda x, a: x * a
+  g = symmem.jit(scale, polymorphic_shapes=("n", None))
+  for a in (2.0, 3, True):
+    with pytest.raises(TypeError, match=rf"args\[1\] is a Python {type(a).__name__}.*jnp.asarray"):
+      g(jnp.ones(3), a)
+  np.testing.assert_allclose(g(jnp.ones(3), jnp.float32(2.0)), 2 * np.ones(3))
+  with pytest.raises(TypeError, match=r"args\[1\] is a Python float"):   # after tracing too
+    g(jnp.ones(3), 2.0)
+  static = symmem.jit(scale, polymorphic_shapes=("n", None), static_argnums=1)
+  np.testing.assert_allclose(static(jnp.ones(3), 2.0), 2 * np.ones(3))
+
+
+def test_string_argument():
+  def f(x, mode):
+    return jnp.sum(x) if mode == "sum" else jnp.max(x)
+  g = symmem.jit(f, polymorphic_shapes=("n", None))
+  with pytest.raises(TypeError, match=r"args\[1\] of type str \('sum'\) is not an array; mark it static"):
+    g(jnp.ones(3), "sum")
+  static = symmem.jit(f, polymorphic_shapes=("n",), static_argnames="mode")
+  assert float(static(jnp.arange(4.0), mode="sum")) == 6.0
+  assert float(static(jnp.arange(4.0), mode="max")) == 3.0
+
+
+def test_dtype_other_than_traced():
+  g = symmem.jit(jnp.sum, polymorphic_shapes=("n",))
+  assert int(g(jnp.array([True, False, True]))) == 2
+  # Run by the bool-traced program, floats would be cast to int: 0.5 + 1.5 -> 1, not 2.0.
+  for x in (jnp.array([0.5, 1.5, 1.0]), jnp.array([0.5, 1.5])):
+    with pytest.raises(TypeError, match=r"args\[0\] has dtype float32, but it was traced for bool"):
+      g(x)
+  f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",))
+  f(jnp.ones(3))
+  np.testing.assert_allclose(f(np.ones(4)), 2 * np.ones(4))   # float64 is float32 without x64
+
+
+def test_dynamic_keyword_argument():
+  g = symmem.jit(lambda x, y: x + y, polymorphic_shapes=("n", "n"))
+  with pytest.raises(TypeError, match="pass 'y' positionally or mark it static"):
+    g(jnp.ones(3), y=jnp.ones(3))
+
+
+# -- donation and threads ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("budget", [None, 2**30])
+def test_donated_argument_that_is_also_returned(budget):
+  def f(w, x):
+    return w, w * 2.0 + jnp.sum(x)
+  g = symmem.jit(f, polymorphic_shapes=("n", "m"), donate_argnums=0, memory_budget=budget)
+  ref = jax.jit(f, donate_argnums=0)
+  for n in (5, 5, 7):
+    w, x = jnp.arange(n, dtype=jnp.float32), jnp.ones(3)
+    got = g(w, x)
+    assert w.is_deleted()   # donated, as jax.jit does
+    want = ref(jnp.arange(n, dtype=jnp.float32), x)
+    for a, b in zip(got, want):
+      np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(got[0], np.arange(n))   # the alias holds the input's values
+  assert g.cache_info()["compiles"] == 2 and g.cache_info()["fallback_calls"] == 0
+
+
+def test_calls_from_several_threads():
+  def f(x, w):
+    return jnp.tanh(x @ w).sum(axis=0), jnp.mean(x)
+  g = symmem.jit(f, polymorphic_shapes=("b, d", "d, _"), constraints=("b <= 64", "d <= 64"))
+  ref = jax.jit(f)
+  shapes = [(2, 3), (8, 3), (2, 16), (33, 7)]
+  def call(i):
+    b, d = shapes[i % len(shapes)]
+    x = jnp.asarray(np.random.RandomState(i).randn(b, d), jnp.float32)
+    w = jnp.ones((d, 4)) / d
+    return g(x, w), ref(x, w)
+  with futures.ThreadPoolExecutor(8) as pool:
+    results = list(pool.map(call, range(40)))
+  for got, want in results:
+    for a, b in zip(got, want):
+      np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+  info = g.cache_info()
+  assert info["compiles"] == len(shapes) and info["hits"] == 40 - len(shapes)
+  assert info["fallback_calls"] == 0
+
+
+def test_calls_from_several_threads_that_fall_back(caplog):
+  def f(x):
+    return jax.pure_callback(np.cos, jax.ShapeDtypeStruct(x.shape, x.dtype), x) * 2.0
+  g = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    with futures.ThreadPoolExecutor(8) as pool:
+      results = list(pool.map(lambda i: (i, g(jnp.arange(i % 3 + 2.0))), range(24)))
+  for i, got in results:
+    np.testing.assert_allclose(got, 2 * np.cos(np.arange(i % 3 + 2.0)), rtol=1e-6)
+  assert len(_fallback_warnings(caplog)) == 1
+  assert g.cache_info()["fallback_calls"] == 24
