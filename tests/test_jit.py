@@ -189,3 +189,18 @@ def test_donate_argnums_donates_only_that_argument():
   assert float(total) == 3.0
   assert not x.is_deleted()          # not donated: still usable
   np.testing.assert_allclose(x, np.ones(3))
+
+
+def test_step_does_not_keep_its_first_arguments_alive():
+  # The traced program keeps the bound function; it must not hold the first call's
+  # arrays, or they stay resident and count as other live memory against the budget.
+  import gc
+  import weakref
+  step = symmem.jit(lambda x, scale: x * scale, polymorphic_shapes=("b", None),
+                    constraints=("b <= 64",), static_argnums=1)
+  x = jnp.arange(8.0)
+  ref = weakref.ref(x)
+  np.testing.assert_allclose(step(x, 3.0), np.arange(8.0) * 3)
+  del x
+  gc.collect()
+  assert ref() is None

@@ -147,7 +147,8 @@ class SymmemFunction:
     reserved = 0
     if budget is not None:
       splits = self._arg_splits.get(static_key) or (1,) * len(flat)
-      arg_bytes = sum(getattr(a, "nbytes", 0) // d for a, d in zip(flat, splits))   # per device
+      # Per device; NumPy arguments are not among the live arrays the probe counts.
+      arg_bytes = sum(a.nbytes // d for a, d in zip(flat, splits) if isinstance(a, jax.Array))
       reserved = max(0, _live_bytes() - arg_bytes)
     dims_key = tuple(sorted(dims.items()))
     key = (static_key, dims_key, reserved >> 20, budget)
@@ -212,10 +213,13 @@ class SymmemFunction:
     except TypeError as e:
       raise TypeError(f"static arguments must be hashable: {e}") from None
     dyn = [a for i, a in enumerate(args) if i not in self._static_argnums]
+    # Closes over the static arguments only: the traced program keeps `bound`, and
+    # holding the first call's arrays would keep them resident (and counted as
+    # other live memory against the budget) for the life of the step.
+    statics, nargs = {i: args[i] for i in self._static_argnums if i < len(args)}, len(args)
     def bound(*dyn_args):
       it = iter(dyn_args)
-      full = [args[i] if i in self._static_argnums else next(it) for i in range(len(args))]
-      return self._fun(*full, **kwargs)
+      return self._fun(*[statics[i] if i in statics else next(it) for i in range(nargs)], **kwargs)
     bound.__name__ = getattr(self._fun, "__name__", "function")
     return static_key, dyn, bound
 
@@ -349,6 +353,7 @@ class SymmemFunction:
   def _call_fallback(self, static_key, args, kwargs):
     with self._lock:   # `+=` on a dict item is not atomic across threads
       self._counts["fallback_calls"] += 1
+      self.last_call = {"fallback": True}
     return self._fallbacks[static_key](*args, **kwargs)
 
   # -- argument validation (error paths only: the hot path compares dtypes and nothing else) --
