@@ -26,6 +26,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import weakref
 from typing import Callable, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -196,11 +197,15 @@ class _IntTables:
         buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
     pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
     pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
-    size = lambda v: graph.bytes(v).evaluate(env)
+    # Python ints of every value and control-flow node; no reference to `graph` is
+    # kept (see _TRANSIENTS), so the cache below never keeps a traced call alive.
+    value_bytes = {v: graph.bytes(v).evaluate(env) for v in program.value_ids()}
+    node_trans = {n.index: transient(graph, n).evaluate(env) for n in program.nodes
+                  if n.subprograms}
     self.program, self.donated = program, donated
-    self.size_of = functools.lru_cache(maxsize=None)(size)
-    self.trans_of = lambda node: transient(graph, node).evaluate(env) if node.subprograms else 0
-    self.arguments = sum(size(v) for v in program.inputs)
+    self.size_of = value_bytes.__getitem__
+    self.trans_of = lambda node: node_trans.get(node.index, 0)
+    self.arguments = sum(self.size_of(v) for v in program.inputs)
     used = {buffer[x] for n in program.nodes for x in n.inputs if not isinstance(x, Const)}
     index: dict[int, int] = {}        # unpinned buffers that some node reads
     use_node, use_buf, alloc, trans, doa = [], [], [], [], []
@@ -249,8 +254,8 @@ def _int_tables(graph: ShapeGraph, program: Program, env: Mapping[str, int],
                 donated: frozenset) -> _IntTables:
   key = (id(graph), id(program), tuple(sorted(env.items())), donated)
   hit = _INT_TABLES.pop(key, None)
-  if hit is None or hit[0] is not graph or hit[1] is not program:
-    hit = (graph, program, _IntTables(graph, program, env, donated))
+  if hit is None or hit[0]() is not graph or hit[1] is not program:
+    hit = (weakref.ref(graph), program, _IntTables(graph, program, env, donated))
   _INT_TABLES[key] = hit            # most recently used last
   while len(_INT_TABLES) > _INT_TABLES_MAX:
     _INT_TABLES.pop(next(iter(_INT_TABLES)))
@@ -297,17 +302,25 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
   return arguments, steps
 
 
-@functools.lru_cache(maxsize=4096)
+# graph -> node -> transient. Weak in the graph: a graph reaches the traced function
+# and, through its closure, the arrays of the call that traced it; a strong cache
+# would keep those alive for the life of the process.
+_TRANSIENTS: "weakref.WeakKeyDictionary[ShapeGraph, dict[Node, Poly]]" = weakref.WeakKeyDictionary()
+
+
 def transient(graph: ShapeGraph, node: Node) -> Poly:
   """Working set of a control-flow node's bodies above their inputs (0 for plain ops)."""
   if not node.subprograms:
     return ZERO
-  extras = []
-  for body in node.subprograms:
-    prof = profile(graph, body)
-    body_peak = _max_poly(graph, [s.live_during for s in prof.steps] or [prof.arguments])
-    extras.append(body_peak - prof.arguments)
-  return _max_poly(graph, extras)
+  cache = _TRANSIENTS.setdefault(graph, {})
+  if node not in cache:
+    extras = []
+    for body in node.subprograms:
+      prof = profile(graph, body)
+      body_peak = _max_poly(graph, [s.live_during for s in prof.steps] or [prof.arguments])
+      extras.append(body_peak - prof.arguments)
+    cache[node] = _max_poly(graph, extras)
+  return cache[node]
 
 
 def _max_poly(graph: ShapeGraph, polys: Sequence[Poly]) -> Poly:
