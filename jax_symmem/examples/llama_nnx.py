@@ -1,0 +1,142 @@
+"""The Llama-style model of `llama.py` in flax.nnx, with the same one-flag switch to symmem.jit.
+
+NNX modules are mutable Python objects; `symmem.jit` (like `jax.jit`) needs a
+pure function of arrays. `make_nnx_train_step` splits (model, optimizer) once
+into a static graph definition and a state pytree, jits a pure
+`(state, tokens, mask) -> (state, loss)` that merges, steps and splits again,
+and writes the new state back into the objects after each call: the loop reads
+as an ordinary NNX loop.
+
+    model, optimizer = init_state(cfg, seed=0)
+    step = make_nnx_train_step(model, optimizer, use_symmem=True)   # or use_symmem=False
+    for tokens, mask in batches:
+      loss = step(model, optimizer, tokens, mask)                   # updates both in place
+"""
+
+from __future__ import annotations
+
+from flax import nnx
+import jax
+import jax.numpy as jnp
+
+from jax_symmem.examples import llama
+from jax_symmem.examples.llama import LlamaConfig, PRESETS  # noqa: F401  (re-exported)
+
+
+def _dtypes(cfg: LlamaConfig) -> dict:
+  return {"dtype": jnp.dtype(cfg.dtype), "param_dtype": jnp.dtype(cfg.param_dtype)}
+
+
+class RMSNorm(nnx.Module):
+
+  def __init__(self, dim: int, cfg: LlamaConfig):
+    self.scale = nnx.Param(jnp.ones((dim,), jnp.dtype(cfg.param_dtype)))
+    self.eps, self.dtype = cfg.norm_eps, jnp.dtype(cfg.dtype)
+
+  def __call__(self, x):
+    x32 = x.astype(jnp.float32)
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * self.scale[...].astype(jnp.float32)).astype(self.dtype)
+
+
+class Attention(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs, **_dtypes(cfg))
+    self.q = linear(cfg.d_model, cfg.d_model)
+    self.k = linear(cfg.d_model, cfg.d_model)
+    self.v = linear(cfg.d_model, cfg.d_model)
+    self.o = linear(cfg.d_model, cfg.d_model)
+    self.n_heads, self.d_head, self.dtype = cfg.n_heads, cfg.d_head, jnp.dtype(cfg.dtype)
+
+  def __call__(self, x, cos, sin):
+    # Reshape with the input's own (possibly symbolic) leading dims.
+    heads = lambda t: t.reshape(x.shape[:-1] + (self.n_heads, self.d_head))
+    q, k, v = heads(self.q(x)), heads(self.k(x)), heads(self.v(x))
+    q, k = llama.apply_rotary(q, cos, sin), llama.apply_rotary(k, cos, sin)
+    out = llama.causal_attention(q, k, v, self.dtype)
+    return self.o(out.reshape(x.shape))
+
+
+class SwiGLU(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs, **_dtypes(cfg))
+    self.gate = linear(cfg.d_model, cfg.d_ff)
+    self.up = linear(cfg.d_model, cfg.d_ff)
+    self.down = linear(cfg.d_ff, cfg.d_model)
+
+  def __call__(self, x):
+    return self.down(nnx.silu(self.gate(x)) * self.up(x))
+
+
+class Block(nnx.Module):
+  """One pre-norm decoder layer: attention and MLP, each with a residual."""
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    self.attn_norm = RMSNorm(cfg.d_model, cfg)
+    self.attn = Attention(cfg, rngs)
+    self.mlp_norm = RMSNorm(cfg.d_model, cfg)
+    self.mlp = SwiGLU(cfg, rngs)
+
+  def __call__(self, x, cos, sin):
+    x = x + self.attn(self.attn_norm(x), cos, sin)
+    return x + self.mlp(self.mlp_norm(x))
+
+
+class Llama(nnx.Module):
+
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
+    self.cfg = cfg
+    self.embed = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs,
+                           embedding_init=nnx.initializers.normal(0.02), **_dtypes(cfg))
+    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    self.final_norm = RMSNorm(cfg.d_model, cfg)
+    self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab, use_bias=False, rngs=rngs, **_dtypes(cfg))
+
+  def __call__(self, tokens):
+    cfg = self.cfg
+    x = self.embed(tokens)
+    cos, sin = llama.rotary_tables(tokens.shape[1], cfg.d_head, cfg.rope_theta)
+    for block in self.layers:
+      x = block(x, cos, sin)
+    return self.lm_head(self.final_norm(x))
+
+
+def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3):
+  """(model, optimizer): a fresh model and its AdamW optimizer."""
+  model = Llama(cfg, nnx.Rngs(seed))
+  return model, nnx.Optimizer(model, llama.make_optimizer(learning_rate), wrt=nnx.Param)
+
+
+def make_nnx_train_step(model: Llama, optimizer: nnx.Optimizer, *, use_symmem: bool = False,
+                        memory_budget=None, max_len: int | None = None, max_batch: int = 16):
+  """`step(model, optimizer, tokens, mask) -> loss`, updating both in place.
+
+  The jitted function is pure, `(state, tokens, mask) -> (state, loss)` over
+  `nnx.state((model, optimizer))`, and is `step.jitted` (for `cache_info()`).
+  `use_symmem=True` compiles it with `symmem.jit` (symbolic (b, s)) instead of
+  `jax.jit`; `memory_budget`, `max_len` (default the model's `cfg.max_len`) and
+  `max_batch` are as in `llama.make_train_step`.
+  """
+  graphdef, _ = nnx.split((model, optimizer))
+
+  def pure_step(state, tokens, mask):
+    model, optimizer = nnx.merge(graphdef, state)
+    def loss_fn(model):
+      return llama.next_token_loss(model(tokens), tokens, mask)
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    optimizer.update(model, grads)
+    return nnx.state((model, optimizer)), loss
+
+  jitted = llama.jit_step(pure_step, use_symmem=use_symmem, memory_budget=memory_budget,
+                          max_len=model.cfg.max_len if max_len is None else max_len,
+                          max_batch=max_batch)
+
+  def step(model, optimizer, tokens, mask):
+    state, loss = jitted(nnx.state((model, optimizer)), tokens, mask)
+    nnx.update((model, optimizer), state)
+    return loss
+
+  step.jitted = jitted
+  return step

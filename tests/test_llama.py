@@ -1,0 +1,171 @@
+"""The Flax examples: the one-flag switch to symmem.jit keeps the numbers, bucketing, tracing."""
+
+import gc
+
+from flax import nnx
+import jax
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem.examples import batching
+from jax_symmem.examples import gpt2
+from jax_symmem.examples import llama
+from jax_symmem.examples import llama_nnx
+
+CFG = llama.PRESETS["tiny"]
+# Three steps at two shapes: a second shape compiles, the repeat is a cache hit.
+BATCHES = ((2, 16), (3, 40), (2, 16))
+SHAPES = (None, "b, s", "b, s")
+MAX_LEN, MAX_BATCH = 64, 4
+
+
+def _batches(cfg=CFG):
+  return [llama.example_batch(cfg, b, s, seed=k) for k, (b, s) in enumerate(BATCHES)]
+
+
+def _assert_tree_close(got, want):
+  # atol only for elements at or near zero (e.g. AdamW's second moments of rarely seen
+  # embedding rows), where rtol alone would demand bitwise equality. Observed: bitwise
+  # equal, as round 0 under a roomy budget compiles with jax.jit's own options.
+  got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
+  assert len(got_leaves) == len(want_leaves)
+  for g, w in zip(got_leaves, want_leaves):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _run_linen(step, initial):
+  state, losses = initial, []
+  for tokens, mask in _batches():
+    state, loss = step(state, tokens, mask)
+    losses.append(float(loss))
+  return state, losses
+
+
+@pytest.fixture(scope="module")
+def linen_init():
+  # Immutable arrays, never donated: safe to share between tests. Module scope, so
+  # they are released (and not counted as live by later modules' tests) afterwards.
+  yield llama.init_state(CFG, seed=0)
+  gc.collect()
+
+
+@pytest.fixture(scope="module")
+def linen_reference(linen_init):
+  yield _run_linen(llama.make_train_step(CFG), linen_init)
+  gc.collect()
+
+
+@pytest.mark.parametrize("budget", [2**30, None])
+def test_linen_symmem_flag_matches_jax_jit(budget, linen_init, linen_reference):
+  step = llama.make_train_step(CFG, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
+                               max_batch=MAX_BATCH)
+  assert isinstance(step, symmem.SymmemFunction)
+  state, losses = _run_linen(step, linen_init)
+  want_state, want_losses = linen_reference
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  _assert_tree_close(state, want_state)
+  info = step.cache_info()
+  assert info["fallback_calls"] == 0, "symmem.jit fell back to jax.jit"
+  assert info["compiles"] == 2 and info["hits"] == 1
+  assert losses[2] < losses[0]   # the same batch shape again, after two AdamW steps
+
+
+def test_nnx_symmem_flag_matches_jax_jit():
+  results, initial = [], llama_nnx.init_state(CFG, seed=0)
+  for use_symmem in (False, True):
+    model, optimizer = nnx.clone(initial)   # independent Variables, the same initial values
+    step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=use_symmem,
+                                         memory_budget=2**30 if use_symmem else None,
+                                         max_len=MAX_LEN, max_batch=MAX_BATCH)
+    losses = [float(step(model, optimizer, tokens, mask)) for tokens, mask in _batches()]
+    results.append((losses, nnx.state((model, optimizer)), step))
+  (want_losses, want_state, _), (losses, state, step) = results
+  np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
+  _assert_tree_close(state, want_state)
+  assert isinstance(step.jitted, symmem.SymmemFunction)
+  assert step.jitted.cache_info()["fallback_calls"] == 0, "symmem.jit fell back to jax.jit"
+  assert int(optimizer.step[...]) == len(BATCHES)   # the state was written back each call
+
+
+@pytest.mark.slow
+def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_init):
+  # A budget between the no-eviction and the lowest modeled peak: a remat round runs,
+  # compiled with the memory-saving XLA options. Against plain jax.jit, AdamW turns
+  # the options' rounding noise on near-zero gradients into ~1e-4 differences in a
+  # few weights, so the reference is jax.jit compiled with the same options.
+  from jax_symmem._src import jit as jit_lib
+  state, (tokens, mask) = linen_init, llama.example_batch(CFG, 4, 64)
+  dims = {"b": 4, "s": 64}
+  probe = llama.make_train_step(CFG, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH)
+  analysis = probe.analyze(state, tokens, mask)
+  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  step = llama.make_train_step(CFG, use_symmem=True, memory_budget=(min(peaks) + peaks[0]) // 2,
+                               max_len=MAX_LEN, max_batch=MAX_BATCH)
+  got = step(state, tokens, mask)
+  (key,) = step._executables
+  assert key[2] > 0 and step.cache_info()["fallback_calls"] == 0
+  options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
+             else jit_lib.GPU_COMPILER_OPTIONS)
+  ref = llama.make_train_step(CFG).lower(state, tokens, mask).compile(compiler_options=options)
+  _assert_tree_close(got, ref(state, tokens, mask))
+
+
+@pytest.mark.parametrize("module,remat_policy", [(llama, None), (gpt2, "layer")])
+def test_symmem_trace_of_the_flax_steps(module, remat_policy):
+  cfg = module.PRESETS["tiny"]
+  state = jax.eval_shape(lambda: module.init_state(cfg, seed=0))
+  tokens, mask = module.example_batch(cfg, 2, 8)
+  step = module.make_train_step(cfg, remat_policy=remat_policy)
+  traced = symmem.trace(step, state, tokens, mask, polymorphic_shapes=SHAPES,
+                        constraints=llama.step_constraints(cfg.max_len, MAX_BATCH))
+  assert traced.dims == ("b", "s")
+  graph = symmem.shape_graph(traced)
+  assert not graph.implied   # every op relation already holds: nothing new about b, s
+  # The largest value is an attention-sized b * heads * s^2 buffer at the longest length.
+  (top,) = graph.largest(1)
+  b, s = symmem.Poly.var("b"), symmem.Poly.var("s")
+  assert graph.bytes(top.id) == 4 * cfg.n_heads * b * s**2
+  # The rotary / position tables follow s: some value is exactly (s, d) or (s, d/2).
+  assert any(len(v.dims) == 2 and str(v.dims[0]) == "s" for v in graph.values.values())
+
+
+def test_gpt2_max_len_cannot_exceed_the_position_table():
+  with pytest.raises(ValueError, match="learned positions"):
+    gpt2.make_train_step(gpt2.PRESETS["tiny"], max_len=10**4)
+
+
+def test_bucketing_groups_pads_and_bounds_the_shapes():
+  rng = np.random.default_rng(0)
+  lengths = rng.integers(3, 300, 101)
+  batch_size, multiple = 4, 64
+  index_batches = batching.bucket_indices(lengths, batch_size, multiple, seed=1)
+  batches = batching.bucket_batches(lengths, batch_size, multiple, vocab=97, seed=1)
+  seen = np.concatenate([idx for idx, _ in index_batches])
+  assert sorted(seen.tolist()) == list(range(len(lengths)))   # every example exactly once
+  shapes = set()
+  for (idx, padded), (tokens, mask) in zip(index_batches, batches):
+    assert tokens.dtype == np.int32 and tokens.shape == mask.shape == (batch_size, padded)
+    assert padded % multiple == 0 and padded - multiple < lengths[idx].max() <= padded
+    np.testing.assert_array_equal(mask.sum(axis=1)[:len(idx)], lengths[idx])
+    assert (mask[len(idx):] == 0).all()                          # filler rows of a short last batch
+    assert ((tokens > 0) == (mask > 0)).all() and tokens.max() < 97
+    shapes.add(tokens.shape)
+  assert len(shapes) <= batching.num_buckets(int(lengths.max()), multiple)
+  # Similar lengths together: sorted batches never overlap in length.
+  spans = sorted((lengths[idx].min(), lengths[idx].max()) for idx, _ in index_batches)
+  assert all(hi <= lo2 for (_, hi), (lo2, _) in zip(spans, spans[1:]))
+  # Seeded: the same seed gives the same batches.
+  again = batching.bucket_batches(lengths, batch_size, multiple, vocab=97, seed=1)
+  assert all((a[0] == b[0]).all() for a, b in zip(batches, again))
+  # Without filling, only the last (longest) batch may be short.
+  sizes = [t.shape[0] for t, _ in batching.bucket_batches(lengths, batch_size, multiple,
+                                                          shuffle=False, fill_last=False)]
+  assert sizes[:-1] == [batch_size] * (len(sizes) - 1) and sizes[-1] == len(lengths) % batch_size
+
+
+def test_codealpaca_lengths_load_from_the_repository(tmp_path):
+  lengths = batching.load_codealpaca_lengths()
+  assert len(lengths) == 2017 and lengths.max() == 698 and lengths.min() == 47
+  with pytest.raises(FileNotFoundError, match="experiments/data"):
+    batching.load_codealpaca_lengths(tmp_path / "missing.txt")
