@@ -103,13 +103,12 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # and the run time picks the candidate with the lowest peak at its exact dims
   # (`order_for`). The ablation never reads a shape, so one point serves it.
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
-  candidates, moves, chooser = {}, {}, None
+  candidates, moves, counts = {}, {}, collections.Counter()
   for k, point in enumerate(points):
-    point_chooser = _Chooser(graph, symbolic, exact_env, point)
-    listed = {"forward": _forward(state, point_chooser),
-              "backward": _backward(state, point_chooser)}
+    chooser = _Chooser(graph, symbolic, exact_env, point)
+    listed = {"forward": _forward(state, chooser), "backward": _backward(state, chooser)}
+    counts.update(chooser.stats)   # decision counts: every pass at every point
     if k == 0:
-      chooser = point_chooser   # decision counts: the run at the main shape of interest
       listed["trace"] = tuple(range(len(program.nodes)))
     suffix = "" if k == 0 else "@" + ",".join(f"{v}={point[v]}" for v in sorted(graph.dims)
                                                 if v in point)
@@ -129,7 +128,7 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   best = min((name for name in candidates
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
-  stats = dict(chooser.stats, sink_moves=moves.get(best, 0),
+  stats = dict(counts, sink_moves=moves.get(best, 0),
                **{f"peak_{k}": v[0] for k, v in scored.items() if "@" not in k})
   return Schedule(candidates[best], mode, stats, best, candidates)
 
