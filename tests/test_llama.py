@@ -25,13 +25,15 @@ def _batches(cfg=CFG):
 
 
 def _assert_tree_close(got, want):
-  # atol only for elements at or near zero (e.g. AdamW's second moments of rarely seen
-  # embedding rows), where rtol alone would demand bitwise equality. Observed: bitwise
-  # equal, as round 0 under a roomy budget compiles with jax.jit's own options.
+  # atol only for elements at or near zero, where rtol alone would demand bitwise
+  # equality. Under a budget the fast path compiles without XNNPACK fusions (so that
+  # memory_analysis() sees every buffer), which changes gradients by ~1e-7; AdamW's
+  # m / sqrt(v) amplifies that on near-zero gradients: observed 4.5e-6 on 1 of 11,008
+  # parameters after 3 steps. Without a budget the results are bitwise jax.jit's.
   got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
   assert len(got_leaves) == len(want_leaves)
   for g, w in zip(got_leaves, want_leaves):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
 
 
 def _run_linen(step, initial):
