@@ -328,7 +328,8 @@ class SymmemFunction:
                       footprint / 2**20, k, budget / 2**20)
     self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
     self._variants[(static_key, tuple(sorted(dims.items())), k)] = {
-        "dims": dict(dims), "round": k, "xla_bytes": footprint, "memory_options": bool(memory_options) and memory_options.items() <= options.items()}
+        "dims": dict(dims), "round": k, "xla_bytes": footprint,
+        "memory_options": bool(memory_options) and memory_options.items() <= options.items()}
     return exe, k
 
   def _flat_shardings(self, args, traced) -> dict[str, tuple]:
