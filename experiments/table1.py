@@ -355,6 +355,8 @@ def main(argv=None):
   png = out_path.rsplit(".", 1)[0] + ".png"
   if plot(cfg, rows, png):
     print(f"wrote {png}")
+  else:
+    print("no plot: matplotlib is not installed (pip install matplotlib)")
   return 0 if all(ok for _, ok, _ in results) else 1
 
 
