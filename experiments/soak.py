@@ -44,11 +44,12 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 from jax_symmem._src import jit as jit_lib  # noqa: E402  (reads MAX_RECOMPILES only)
+from jax_symmem.measure import MMAP_THRESHOLD, proc_status  # noqa: E402
+from jax_symmem.measure import reset_high_water_mark  # noqa: E402
 from jax_symmem.examples import batching  # noqa: E402
 from jax_symmem.examples import llama  # noqa: E402
 
 MiB = 2**20
-MMAP_THRESHOLD = "65536"
 
 
 # --- data and budget --------------------------------------------------------------------------
@@ -95,24 +96,6 @@ def pick_budget(cfg, args, *, frac: float, max_len: int, max_batch: int):
 
 
 # --- process memory -----------------------------------------------------------------------
-
-def proc_status(field: str) -> int:
-  with open("/proc/self/status") as f:
-    for line in f:
-      if line.startswith(field + ":"):
-        return int(line.split()[1]) * 1024
-  raise RuntimeError(f"{field} not in /proc/self/status")
-
-
-def reset_hwm() -> bool:
-  """Sets VmHWM to the current VmRSS; False where the kernel does not allow it."""
-  try:
-    with open("/proc/self/clear_refs", "w") as f:
-      f.write("5")
-    return True
-  except OSError:
-    return False
-
 
 @contextlib.contextmanager
 def capture_logs(*names: str):
@@ -190,7 +173,7 @@ def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: 
     info_warm = step.cache_info()
 
     gc.collect()
-    hwm_ok = measure_hwm and reset_hwm()
+    hwm_ok = measure_hwm and reset_high_water_mark()
     rss_base = proc_status("VmRSS")
     rss_samples = [(0, rss_base)]
     t0 = time.perf_counter()

@@ -39,12 +39,26 @@ class Measurement:
     return self.hwm - self.rss_before
 
 
-def _status(field: str) -> int:
+MMAP_THRESHOLD = "65536"   # MALLOC_MMAP_THRESHOLD_: freed buffers go back to the OS (F3)
+
+
+def proc_status(field: str) -> int:
+  """A /proc/self/status field in bytes (VmRSS, VmHWM, ...)."""
   with open("/proc/self/status") as f:
     for line in f:
       if line.startswith(field + ":"):
         return int(line.split()[1]) * 1024
   raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def reset_high_water_mark() -> bool:
+  """Sets VmHWM to the current VmRSS; False where the kernel does not allow it."""
+  try:
+    with open("/proc/self/clear_refs", "w") as f:
+      f.write("5")
+    return True
+  except OSError:
+    return False
 
 
 def _block(x):
@@ -62,18 +76,18 @@ def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
   out = _block(fn(*args))          # compile + warm up
   del out
   gc.collect()
-  with open("/proc/self/clear_refs", "w") as f:
-    f.write("5")
-  before = _status("VmRSS")
+  if not reset_high_water_mark():
+    raise OSError("/proc/self/clear_refs is not writable: VmHWM cannot be reset")
+  before = proc_status("VmRSS")
   out = _block(fn(*args))
-  hwm = _status("VmHWM")
+  hwm = proc_status("VmHWM")
   del out
   print(_MARKER + json.dumps({"rss_before": before, "hwm": hwm, "extra": extra}), flush=True)
 
 
 def measure(spec: str, timeout: float = 600, **kwargs) -> Measurement:
   """Runs workload `spec` ("module:function") in a fresh process and measures its peak."""
-  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
   code = ("import json, sys\nfrom jax_symmem import measure\n"
           "measure._child(sys.argv[1], json.loads(sys.argv[2]))")
