@@ -45,10 +45,6 @@ PRESETS = {
 }
 
 
-def _dtypes(cfg) -> dict:
-  return {"dtype": jnp.dtype(cfg.dtype), "param_dtype": jnp.dtype(cfg.param_dtype)}
-
-
 class Block(nn.Module):
   """One pre-norm GPT-2 layer: attention and MLP, each with a residual."""
   cfg: GPT2Config
@@ -56,14 +52,15 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x):
     cfg = self.cfg
-    norm = lambda name: nn.LayerNorm(cfg.norm_eps, **_dtypes(cfg), name=name)
+    dt = llama.layer_dtypes(cfg)
+    norm = lambda name: nn.LayerNorm(cfg.norm_eps, **dt, name=name)
     h = norm("ln_1")(x)
-    qkv = nn.DenseGeneral((3, cfg.n_heads, cfg.d_head), **_dtypes(cfg), name="qkv")(h)
+    qkv = nn.DenseGeneral((3, cfg.n_heads, cfg.d_head), **dt, name="qkv")(h)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
     out = llama.causal_attention(q, k, v, jnp.dtype(cfg.dtype))
-    x = x + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), **_dtypes(cfg), name="proj")(out)
-    h = nn.Dense(cfg.d_ff, **_dtypes(cfg), name="fc")(norm("ln_2")(x))
-    return x + nn.Dense(cfg.d_model, **_dtypes(cfg), name="fc_proj")(nn.gelu(h, approximate=True))
+    x = x + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), **dt, name="proj")(out)
+    h = nn.Dense(cfg.d_ff, **dt, name="fc")(norm("ln_2")(x))
+    return x + nn.Dense(cfg.d_model, **dt, name="fc_proj")(nn.gelu(h, approximate=True))
 
 
 class GPT2(nn.Module):
@@ -73,15 +70,16 @@ class GPT2(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     cfg = self.cfg
-    embed = nn.Embed(cfg.vocab, cfg.d_model, **_dtypes(cfg),
+    dt = llama.layer_dtypes(cfg)
+    embed = nn.Embed(cfg.vocab, cfg.d_model, **dt,
                      embedding_init=nn.initializers.normal(0.02), name="wte")
-    positions = nn.Embed(cfg.max_len, cfg.d_model, **_dtypes(cfg),
+    positions = nn.Embed(cfg.max_len, cfg.d_model, **dt,
                          embedding_init=nn.initializers.normal(0.01), name="wpe")
     x = embed(tokens) + positions(jnp.arange(tokens.shape[1]))[None]
     block = llama.remat_block(Block, self.remat_policy)
     for i in range(cfg.n_layers):
       x = block(cfg, name=f"h_{i}")(x)
-    return embed.attend(nn.LayerNorm(cfg.norm_eps, **_dtypes(cfg), name="ln_f")(x))
+    return embed.attend(nn.LayerNorm(cfg.norm_eps, **dt, name="ln_f")(x))
 
 
 def init_state(cfg: GPT2Config, seed: int = 0, learning_rate: float = 1e-3) -> dict:

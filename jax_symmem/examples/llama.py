@@ -67,7 +67,8 @@ PRESETS = {
 # --- the model -----------------------------------------------------------------------
 
 
-def _dtypes(cfg) -> dict:
+def layer_dtypes(cfg) -> dict:
+  """Flax layers' `dtype` (activations) and `param_dtype` from a config."""
   return {"dtype": jnp.dtype(cfg.dtype), "param_dtype": jnp.dtype(cfg.param_dtype)}
 
 
@@ -121,12 +122,12 @@ class Attention(nn.Module):
   def __call__(self, x, cos, sin):
     cfg = self.cfg
     dense = lambda features, name: nn.DenseGeneral(
-        features, use_bias=False, **_dtypes(cfg), name=name)
+        features, use_bias=False, **layer_dtypes(cfg), name=name)
     heads = (cfg.n_heads, cfg.d_head)
     q, k, v = dense(heads, "q")(x), dense(heads, "k")(x), dense(heads, "v")(x)
     q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
     out = causal_attention(q, k, v, jnp.dtype(cfg.dtype))
-    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, **_dtypes(cfg),
+    return nn.DenseGeneral(cfg.d_model, axis=(-2, -1), use_bias=False, **layer_dtypes(cfg),
                            name="o")(out)
 
 
@@ -137,7 +138,7 @@ class SwiGLU(nn.Module):
   def __call__(self, x):
     cfg = self.cfg
     dense = lambda features, name: nn.Dense(
-        features, use_bias=False, **_dtypes(cfg), name=name)
+        features, use_bias=False, **layer_dtypes(cfg), name=name)
     return dense(cfg.d_model, "down")(
         nn.silu(dense(cfg.d_ff, "gate")(x)) * dense(cfg.d_ff, "up")(x))
 
@@ -149,7 +150,7 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, cos, sin):
     cfg = self.cfg
-    norm = lambda name: RMSNorm(cfg.norm_eps, **_dtypes(cfg), name=name)
+    norm = lambda name: RMSNorm(cfg.norm_eps, **layer_dtypes(cfg), name=name)
     x = x + Attention(cfg, name="attn")(norm("attn_norm")(x), cos, sin)
     return x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
 
@@ -180,14 +181,14 @@ class Llama(nn.Module):
   @nn.compact
   def __call__(self, tokens):
     cfg = self.cfg
-    x = nn.Embed(cfg.vocab, cfg.d_model, **_dtypes(cfg),
+    x = nn.Embed(cfg.vocab, cfg.d_model, **layer_dtypes(cfg),
                  embedding_init=nn.initializers.normal(0.02), name="embed")(tokens)
     cos, sin = rotary_tables(tokens.shape[1], cfg.d_head, cfg.rope_theta)
     block = remat_block(Block, self.remat_policy)
     for i in range(cfg.n_layers):
       x = block(cfg, name=f"layer_{i}")(x, cos, sin)
-    x = RMSNorm(cfg.norm_eps, **_dtypes(cfg), name="final_norm")(x)
-    return nn.Dense(cfg.vocab, use_bias=False, **_dtypes(cfg),
+    x = RMSNorm(cfg.norm_eps, **layer_dtypes(cfg), name="final_norm")(x)
+    return nn.Dense(cfg.vocab, use_bias=False, **layer_dtypes(cfg),
                     name="lm_head")(x)
 
 

@@ -23,8 +23,8 @@ from jax_symmem.examples import llama
 from jax_symmem.examples.llama import LlamaConfig, PRESETS  # noqa: F401  (re-exported)
 
 
-def _dtypes(cfg: LlamaConfig) -> dict:
-  return {"dtype": jnp.dtype(cfg.dtype), "param_dtype": jnp.dtype(cfg.param_dtype)}
+def _linear(cfg: LlamaConfig, rngs: nnx.Rngs, n_in: int, n_out: int) -> nnx.Linear:
+  return nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs, **llama.layer_dtypes(cfg))
 
 
 class RMSNorm(nnx.Module):
@@ -42,7 +42,7 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs, **_dtypes(cfg))
+    linear = lambda n_in, n_out: _linear(cfg, rngs, n_in, n_out)
     self.q = linear(cfg.d_model, cfg.d_model)
     self.k = linear(cfg.d_model, cfg.d_model)
     self.v = linear(cfg.d_model, cfg.d_model)
@@ -61,7 +61,7 @@ class Attention(nnx.Module):
 class SwiGLU(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-    linear = lambda n_in, n_out: nnx.Linear(n_in, n_out, use_bias=False, rngs=rngs, **_dtypes(cfg))
+    linear = lambda n_in, n_out: _linear(cfg, rngs, n_in, n_out)
     self.gate = linear(cfg.d_model, cfg.d_ff)
     self.up = linear(cfg.d_model, cfg.d_ff)
     self.down = linear(cfg.d_ff, cfg.d_model)
@@ -88,11 +88,11 @@ class Llama(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
     self.cfg = cfg
-    self.embed = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs,
-                           embedding_init=nnx.initializers.normal(0.02), **_dtypes(cfg))
+    self.embed = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs, **llama.layer_dtypes(cfg),
+                           embedding_init=nnx.initializers.normal(0.02))
     self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg)
-    self.lm_head = nnx.Linear(cfg.d_model, cfg.vocab, use_bias=False, rngs=rngs, **_dtypes(cfg))
+    self.lm_head = _linear(cfg, rngs, cfg.d_model, cfg.vocab)
 
   def __call__(self, tokens):
     cfg = self.cfg
