@@ -97,13 +97,9 @@ def build(variant: str, cfg: llama.LlamaConfig, batch: int, budget: int | None, 
   raise ValueError(f"unknown variant {variant!r}")
 
 
-def _config(cfg_kw: dict) -> llama.LlamaConfig:
-  return llama.LlamaConfig(**cfg_kw)
-
-
 def workload(variant: str, cfg: dict, batch: int, seq: int, budget: int | None, max_len: int):
   """One warm step at (batch, seq) for jax_symmem.measure (runs in a fresh process)."""
-  config = _config(cfg)
+  config = llama.LlamaConfig(**cfg)
   step, prepare = build(variant, config, batch, budget, max_len)
   state = llama.init_state(config)
   tokens, mask = prepare(*map(np.asarray, llama.example_batch(config, batch, seq)))

@@ -61,10 +61,8 @@ def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
   from jax_symmem._src import sharding
   from jax_symmem._src.jit import resolve_budget
   traced = trace(fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints)
-  divisors = sharding.argument_divisors(in_shardings, args,
-                                        [traced.program.avals[v] for v in traced.program.inputs])
   return analysis_lib.analyze_traced(traced, memory_budget=resolve_budget(memory_budget),
-                                     argument_divisors=divisors)
+                                     argument_divisors=sharding.argument_divisors(in_shardings, args))
 
 
 __version__ = "0.1.0"

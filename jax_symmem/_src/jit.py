@@ -258,8 +258,7 @@ class SymmemFunction:
         traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
                                constraints=self._constraints)
         # Sharded arguments: the memory model counts bytes per device (sharding.py).
-        divisors = sharding_lib.argument_divisors(
-            self._in_shardings, dyn_args, [traced.program.avals[v] for v in traced.program.inputs])
+        divisors = sharding_lib.argument_divisors(self._in_shardings, dyn_args)
         self._arg_splits[static_key] = tuple(math.prod(d) for d in divisors)
         result = analysis_lib.analyze_traced(traced, memory_budget=self._budget(),
                                              argument_divisors=divisors)

@@ -175,7 +175,7 @@ SHARDING_RULES.update({
 })
 
 
-def argument_divisors(in_shardings, dyn_args, flat_avals) -> list[Divisors]:
+def argument_divisors(in_shardings, dyn_args) -> list[Divisors]:
   """Per-leaf divisors of the dynamic arguments: `in_shardings` (a prefix tree of the
   arguments, as in `jax.jit`) where given, otherwise each array's own sharding."""
   leaves = jax.tree_util.tree_leaves(tuple(dyn_args))
@@ -183,7 +183,7 @@ def argument_divisors(in_shardings, dyn_args, flat_avals) -> list[Divisors]:
     shardings = [getattr(x, "sharding", None) for x in leaves]
   else:
     shardings = broadcast_prefix(in_shardings, tuple(dyn_args))
-  return [spec_divisors(s, len(getattr(a, "shape", ()))) for s, a in zip(shardings, flat_avals)]
+  return [spec_divisors(s, len(getattr(x, "shape", ()))) for s, x in zip(shardings, leaves)]
 
 
 def broadcast_prefix(prefix, tree) -> list:
