@@ -61,12 +61,22 @@ class Step:
   node: int
   live_before: Poly
   allocated: Poly
-  transient: Poly
+  transients: tuple[Poly, ...]   # a control-flow node's working set: the max of these
   freed: Poly
+
+  @property
+  def transient(self) -> Poly:
+    """The working set as one polynomial (exact: nested max atoms)."""
+    return _max_atom(self.transients)
 
   @property
   def live_during(self) -> Poly:
     return self.live_before + self.allocated + self.transient
+
+  def live_during_pieces(self) -> tuple[Poly, ...]:
+    """`live_during` as polynomials whose max it is, without max atoms."""
+    base = self.live_before + self.allocated
+    return tuple(base + t for t in self.transients) or (base,)
 
   @property
   def live_after(self) -> Poly:
@@ -76,6 +86,12 @@ class Step:
   def impact(self) -> Poly:
     """Bytes allocated minus bytes freed: the scheduler's memory impact."""
     return self.allocated - self.freed
+
+
+def _max_atom(polys: Sequence[Poly]) -> Poly:
+  if not polys:
+    return ZERO
+  return functools.reduce(lambda a, b: a.max(b), polys)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -96,6 +112,7 @@ class Peak:
   def __str__(self) -> str:
     if len(self.candidates) == 1:
       return str(self.candidates[0][1])
+    # A step may stand more than once (one piece per control-flow working set).
     return "max(" + ", ".join(str(p) for _, p in self.candidates) + ")"
 
 
@@ -110,8 +127,8 @@ class MemoryProfile:
 
   @functools.cached_property
   def peak(self) -> Peak:
-    return _peak(self.graph, [(i, s.live_during) for i, s in enumerate(self.steps)]
-                 or [(0, self.arguments)])
+    return _peak(self.graph, [(i, p) for i, s in enumerate(self.steps)
+                              for p in s.live_during_pieces()] or [(0, self.arguments)])
 
   def peak_bytes(self, *, include_transients: bool = True, **dims: int) -> int:
     """Exact modeled peak at concrete dims.
@@ -160,7 +177,7 @@ def profile(graph: ShapeGraph, program: Program | None = None, order: Sequence[i
   program = graph.traced.program if program is None else program
   order = _check_order(program, order)
   arguments, raw = _simulate(program, order, donated, graph.bytes, ZERO,
-                             lambda node: transient(graph, node))
+                             lambda node: transients(graph, node))
   steps = tuple(Step(i, live, alloc, trans, freed) for i, live, alloc, trans, freed in raw)
   return MemoryProfile(graph, program, order, arguments, steps)
 
@@ -200,8 +217,8 @@ class _IntTables:
     # Python ints of every value and control-flow node; no reference to `graph` is
     # kept (see _TRANSIENTS), so the cache below never keeps a traced call alive.
     value_bytes = {v: graph.bytes(v).evaluate(env) for v in program.value_ids()}
-    node_trans = {n.index: transient(graph, n).evaluate(env) for n in program.nodes
-                  if n.subprograms}
+    node_trans = {n.index: max(t.evaluate(env) for t in transients(graph, n))
+                  for n in program.nodes if n.subprograms and transients(graph, n)}
     self.program, self.donated = program, donated
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
@@ -228,8 +245,8 @@ class _IntTables:
     """max(arguments, live + allocated + transient at every step), as `_simulate` counts."""
     if not self.exact:
       arguments, raw = _simulate(self.program, order, self.donated, self.size_of, 0,
-                                 self.trans_of)
-      return max([arguments] + [live + alloc + trans for _, live, alloc, trans, _ in raw])
+                                 lambda node: (self.trans_of(node),))
+      return max([arguments] + [live + alloc + trans[0] for _, live, alloc, trans, _ in raw])
     n = len(order)
     if n == 0:
       return self.arguments
@@ -302,34 +319,37 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
   return arguments, steps
 
 
-# graph -> node -> transient. Weak in the graph: a graph reaches the traced function
+# graph -> node -> transients. Weak in the graph: a graph reaches the traced function
 # and, through its closure, the arrays of the call that traced it; a strong cache
 # would keep those alive for the life of the process.
-_TRANSIENTS: "weakref.WeakKeyDictionary[ShapeGraph, dict[Node, Poly]]" = weakref.WeakKeyDictionary()
+_TRANSIENTS: "weakref.WeakKeyDictionary[ShapeGraph, dict[Node, tuple[Poly, ...]]]" = (
+    weakref.WeakKeyDictionary())
 
 
-def transient(graph: ShapeGraph, node: Node) -> Poly:
-  """Working set of a control-flow node's bodies above their inputs (0 for plain ops)."""
+def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
+  """A control-flow node's working set above its bodies' inputs, as the polynomials
+  whose max it is (pruned: each is the largest somewhere); () for plain ops.
+
+  One iteration's temporaries at a time: XLA runs a loop body in place, so the
+  working set is the body's own peak above what the body receives, whichever
+  body (scan/while body, while condition, cond branch) is largest.
+  """
   if not node.subprograms:
-    return ZERO
+    return ()
   cache = _TRANSIENTS.setdefault(graph, {})
   if node not in cache:
-    extras = []
+    pieces = []
     for body in node.subprograms:
       prof = profile(graph, body)
-      body_peak = _max_poly(graph, [s.live_during for s in prof.steps] or [prof.arguments])
-      extras.append(body_peak - prof.arguments)
-    cache[node] = _max_poly(graph, extras)
+      steps = [p for s in prof.steps for p in s.live_during_pieces()] or [prof.arguments]
+      pieces += [p - prof.arguments for p in steps]
+    cache[node] = tuple(p for _, p in _prune(graph, list(enumerate(pieces))))
   return cache[node]
 
 
-def _max_poly(graph: ShapeGraph, polys: Sequence[Poly]) -> Poly:
-  """A single polynomial >= every one of `polys` over the allowed box (exact when one dominates)."""
-  kept = _prune(graph, list(enumerate(polys)))
-  if len(kept) == 1:
-    return kept[0][1]
-  # No single dominant term: the sum of the non-negative candidates is a sound bound.
-  return sum((p for _, p in kept), ZERO)
+def transient(graph: ShapeGraph, node: Node) -> Poly:
+  """`transients` as one polynomial (exact, with max atoms); 0 for plain ops."""
+  return _max_atom(transients(graph, node))
 
 
 def sample_points(graph: ShapeGraph) -> list[dict[str, int]]:

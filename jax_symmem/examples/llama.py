@@ -174,9 +174,21 @@ def remat_block(block_cls, remat_policy: str | None):
   return nn.remat(block_cls, policy=policy)
 
 
+class ScanBlock(nn.Module):
+  """`Block` in `nn.scan`'s (carry, x) -> (carry, y) form; cos and sin are broadcast."""
+  cfg: LlamaConfig
+
+  @nn.compact
+  def __call__(self, x, cos, sin):
+    return Block(self.cfg, name="block")(x, cos, sin), None
+
+
 class Llama(nn.Module):
+  """`scan_layers=True` stacks the layers' weights and runs them with `nn.scan`, the
+  pattern large JAX models use to keep compile time flat in depth."""
   cfg: LlamaConfig
   remat_policy: str | None = None
+  scan_layers: bool = False
 
   @nn.compact
   def __call__(self, tokens):
@@ -184,9 +196,15 @@ class Llama(nn.Module):
     x = nn.Embed(cfg.vocab, cfg.d_model, **layer_dtypes(cfg),
                  embedding_init=nn.initializers.normal(0.02), name="embed")(tokens)
     cos, sin = rotary_tables(tokens.shape[1], cfg.d_head, cfg.rope_theta)
-    block = remat_block(Block, self.remat_policy)
-    for i in range(cfg.n_layers):
-      x = block(cfg, name=f"layer_{i}")(x, cos, sin)
+    if self.scan_layers:
+      layers = nn.scan(remat_block(ScanBlock, self.remat_policy), variable_axes={"params": 0},
+                       split_rngs={"params": True}, in_axes=(nn.broadcast, nn.broadcast),
+                       length=cfg.n_layers)
+      x, _ = layers(cfg, name="layers")(x, cos, sin)
+    else:
+      block = remat_block(Block, self.remat_policy)
+      for i in range(cfg.n_layers):
+        x = block(cfg, name=f"layer_{i}")(x, cos, sin)
     x = RMSNorm(cfg.norm_eps, **layer_dtypes(cfg), name="final_norm")(x)
     return nn.Dense(cfg.vocab, use_bias=False, **layer_dtypes(cfg),
                     name="lm_head")(x)
@@ -221,9 +239,10 @@ def init_linen_state(model: nn.Module, seed: int = 0, learning_rate: float = 1e-
   return init(jax.random.PRNGKey(seed))
 
 
-def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3) -> dict:
+def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3,
+               scan_layers: bool = False) -> dict:
   """{"params", "opt_state"}: the pytree the step takes and returns."""
-  return init_linen_state(Llama(cfg), seed, learning_rate)
+  return init_linen_state(Llama(cfg, scan_layers=scan_layers), seed, learning_rate)
 
 
 def step_constraints(max_len: int, max_batch: int) -> tuple[str, ...]:
@@ -259,8 +278,9 @@ def train_step_fn(model: nn.Module, *, learning_rate: float = 1e-3) -> Callable:
 
 
 def make_train_step(cfg: LlamaConfig, *, learning_rate: float = 1e-3,
-                    remat_policy: str | None = None, use_symmem: bool = False,
-                    memory_budget=None, max_len: int | None = None, max_batch: int = 16):
+                    remat_policy: str | None = None, scan_layers: bool = False,
+                    use_symmem: bool = False, memory_budget=None, max_len: int | None = None,
+                    max_batch: int = 16):
   """A jitted `(state, tokens, mask) -> (state, loss)` AdamW step.
 
   Args:
@@ -268,12 +288,15 @@ def make_train_step(cfg: LlamaConfig, *, learning_rate: float = 1e-3,
     learning_rate: AdamW's learning rate (`init_state`'s optimizer state fits any).
     remat_policy: None (no rematerialization), "layer" (`nn.remat` around each
       decoder block) or a `jax.checkpoint_policies` name applied per block.
+    scan_layers: run the layers with `nn.scan` over stacked weights (initialize the
+      state with the same flag).
     use_symmem: compile with `symmem.jit` (symbolic (b, s), one memory plan for
       every batch shape) instead of `jax.jit`.
     memory_budget: `symmem.jit`'s budget in bytes (ignored by `jax.jit`).
     max_len, max_batch: the largest (s, b) planned for (default `cfg.max_len`, 16).
   """
-  return jit_step(train_step_fn(Llama(cfg, remat_policy), learning_rate=learning_rate),
+  return jit_step(train_step_fn(Llama(cfg, remat_policy, scan_layers),
+                                learning_rate=learning_rate),
                   use_symmem=use_symmem, memory_budget=memory_budget,
                   max_len=cfg.max_len if max_len is None else max_len, max_batch=max_batch)
 
