@@ -392,7 +392,7 @@ def _prune(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> list[tuple[
                     for _, q in kept)
     if not dominated:
       kept.append((pos, p))
-  return sorted(kept)
+  return sorted(kept, key=lambda c: c[0])
 
 
 def _peak(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> Peak:

@@ -24,7 +24,9 @@ from typing import Callable, Iterable, Mapping, Sequence
 from jax import lax
 
 from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
+from jax_symmem._src.flops import FLOP_RULES, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import Const, Node, Program
@@ -40,30 +42,6 @@ NOT_RECOMPUTABLE = frozenset({
     "psum_scatter", "axis_index", "scan", "while", "cond", "io_callback", "pure_callback",
     "debug_callback", "optimization_barrier", "custom_call",
 })
-
-
-def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
-  (lc, _), _ = node.params["dimension_numbers"]
-  return 2 * product(outs[0]) * product(ins[0][i] for i in lc)
-
-
-def _reduction_flops(node, ins, outs) -> Poly:
-  return product(ins[0])
-
-
-# primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
-FLOP_RULES: dict[str, Callable[..., Poly]] = {
-    "dot_general": _dot_flops,
-    "reduce_sum": _reduction_flops, "reduce_max": _reduction_flops,
-    "reduce_min": _reduction_flops, "argmax": _reduction_flops, "argmin": _reduction_flops,
-}
-
-
-def flops(graph: ShapeGraph, node: Node) -> Poly:
-  ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
-  outs = [graph.values[o].dims for o in node.outputs]
-  rule = FLOP_RULES.get(node.name)
-  return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
 
 
 def recomputable(node: Node) -> bool:
@@ -108,7 +86,8 @@ class RematPlan:
 
 def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
          shape_of_interest: Mapping[str, int] | None = None,
-         min_fraction: float = 0.002, max_nodes: int = 40, donated: Iterable[int] = ()) -> RematPlan:
+         min_fraction: float = 0.002, max_nodes: int = 40, donated: Iterable[int] = (),
+         loops: Mapping[int, "loop_remat.LoopState"] | None = None) -> RematPlan:
   """Finds eviction candidates across the peak and their regeneration subgraphs.
 
   Args:
@@ -119,6 +98,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       resolved (default: the largest allowed dims).
     min_fraction: ignore values smaller than this fraction of the peak there.
     max_nodes: largest regeneration subgraph.
+    loops: scan pairs (`loop_remat.scan_pairs`) whose stacked residuals are also
+      candidates (`loop_remat.LoopEviction`), ranked with the regions.
   """
   program = graph.traced.program if program is None else program
   order = tuple(order)
@@ -170,9 +151,25 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     cost = sum((flops(graph, program.nodes[i]) for i in nodes), ZERO)
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.get)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
+  regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
+                              min_fraction * peak)
   stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
   ranked = _rank(graph, regions, env, stats)
   return RematPlan(tuple(ranked), order, peak_pos, stats)
+
+
+def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes):
+  """Stacked residuals of scan pairs that are live at the peak and read by nothing but
+  their backward scan (a flat region's recomputation may anchor on one)."""
+  out = []
+  for e in loop_remat.candidates(graph, loops, env):
+    state = loops[e.forward]
+    f, b = pos[state.forward.index], pos[state.backward.index]
+    if not f <= peak_pos <= b or any(u != b for u in uses.get(e.value, [])):
+      continue
+    if graph.bytes(e.value).evaluate(env) >= min_bytes:
+      out.append(e)
+  return out
 
 
 def _regeneration(program: Program, producer, value, anchor, max_nodes):
@@ -247,7 +244,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   consumer), and where each region landed."""
   nodes = list(program.nodes)
   avals = dict(program.avals)
-  next_id = max(avals) + 1
+  next_id = program.max_id() + 1
   order = list(order)
   rename: dict[int, dict[int, int]] = {}   # consumer node -> {evicted value: regenerated value}
   blocks = []
@@ -306,6 +303,7 @@ class Round:
   program: Program
   order: tuple[int, ...]
   graph: ShapeGraph
+  loops: Mapping[int, loop_remat.LoopState] = dataclasses.field(default_factory=dict)
 
   def peak_at(self, dims: Mapping[str, int]) -> int:
     return memory.peak_at(self.graph, dims, self.program, self.order)
@@ -323,12 +321,14 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   time, the smallest k that fits the budget is dispatched.
   """
   tight = dict(shape_of_interest or graph.max_dims())
-  rounds = [Round((), (), graph.traced.program, tuple(order), graph)]
+  rounds = [Round((), (), graph.traced.program, tuple(order), graph,
+                  loop_remat.scan_pairs(graph.traced.program))]
   stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
   best, stale = rounds[0].peak_at(tight), 0
   for _ in range(max_rounds):
     last = rounds[-1]
-    p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight)
+    p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
+             loops=last.loops)
     for k, v in p.stats.items():
       stats[k] += v
     chosen: list[Region] = []
@@ -339,8 +339,16 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
         break
     if not chosen:
       break
-    program, new_order, blocks = apply_regions(last.program, last.order, chosen)
-    rounds.append(Round(tuple(chosen), blocks, program, new_order, last.graph.extended(program)))
+    program, loops = last.program, dict(last.loops)
+    for fi in sorted({r.forward for r in chosen if isinstance(r, loop_remat.LoopEviction)}):
+      evicted = loops[fi].evicted | {r.output for r in chosen
+                                     if isinstance(r, loop_remat.LoopEviction) and r.forward == fi}
+      program, loops[fi] = loop_remat.rewrite(program, loops[fi], evicted)
+    flat = [r for r in chosen if isinstance(r, Region)]
+    rewritten, new_order, blocks = apply_regions(program, last.order, flat)
+    loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
+    rounds.append(Round(tuple(chosen), blocks, rewritten, new_order,
+                        last.graph.extended(rewritten), loops))
     peak = rounds[-1].peak_at(tight)
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:

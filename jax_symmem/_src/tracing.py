@@ -79,6 +79,15 @@ class Program:
       for sub in n.subprograms:
         yield from sub.walk()
 
+  def max_id(self) -> int:
+    """The largest value id here or in any subprogram (-1 if none): a rewrite's new
+    values start above it."""
+    ids = list(self.inputs)
+    for n in self.nodes:
+      ids.extend(n.outputs)
+      ids.extend(sub.max_id() for sub in n.subprograms)
+    return max(ids, default=-1)
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TracedProgram:
@@ -193,8 +202,8 @@ def _source(eqn) -> str:
 class _Flattener:
   """Builds a Program tree from a jaxpr, with globally unique value ids."""
 
-  def __init__(self):
-    self._ids = itertools.count()
+  def __init__(self, start: int = 0):
+    self._ids = itertools.count(start)
 
   def new_id(self) -> int:
     return next(self._ids)
@@ -254,9 +263,50 @@ class _Flattener:
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
 
 
-def flatten(closed_jaxpr: jcore.ClosedJaxpr) -> Program:
-  """Flattens a closed jaxpr into a Program (call primitives inlined)."""
-  return _Flattener().program(closed_jaxpr.jaxpr, closed_jaxpr.consts)
+def flatten(closed_jaxpr: jcore.ClosedJaxpr, start: int = 0) -> Program:
+  """Flattens a closed jaxpr into a Program (call primitives inlined); value ids
+  count from `start` (a rewrite's new values must not collide with a program's)."""
+  return _Flattener(start).program(closed_jaxpr.jaxpr, closed_jaxpr.consts)
+
+
+# --- Building new nodes from Python functions (used by rewrites) --------------------
+
+
+def eval_jaxpr(jaxpr, consts: Sequence[Any], args: Sequence[Any],
+               wanted: Sequence[int] | None = None) -> list[Any]:
+  """Evaluates `jaxpr` on `args` (tracers or arrays), binding only the equations
+  that the outputs at positions `wanted` (default: all) depend on: a dead-code
+  eliminating `jax.core.eval_jaxpr`. Unused arguments may be None."""
+  outvars = jaxpr.outvars if wanted is None else [jaxpr.outvars[k] for k in wanted]
+  needed = {v for v in outvars if not isinstance(v, jcore.Literal)}
+  eqns = []
+  for eqn in reversed(jaxpr.eqns):
+    if any(o in needed for o in eqn.outvars) or eqn.effects:
+      eqns.append(eqn)
+      needed.update(v for v in eqn.invars if not isinstance(v, jcore.Literal))
+  values = dict(zip(jaxpr.constvars, consts))
+  values.update(zip(jaxpr.invars, args))
+  read = lambda v: v.val if isinstance(v, jcore.Literal) else values[v]
+  for eqn in reversed(eqns):
+    params = eqn.primitive.get_bind_params(eqn.params)
+    # Keep the user's source line on the re-traced equations (plans and errors cite it).
+    with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
+      outs = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
+    values.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+  return [read(v) for v in outvars]
+
+
+def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
+                       ) -> tuple[Node, Program]:
+  """The single node that tracing `fun(*operands)` produces (e.g. one `lax.scan`) and
+  the one-node program around it, flattened with value ids from `start`: the
+  program's inputs stand for the operands, in order, for the caller to rename."""
+  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operand_avals]
+  program = flatten(jax.make_jaxpr(fun)(*specs), start)
+  if len(program.nodes) != 1:
+    raise TracingError(f"expected one node from {getattr(fun, '__name__', fun)}, got "
+                       f"{[n.name for n in program.nodes]}")
+  return program.nodes[0], program
 
 
 # --- Specialization to concrete dims -------------------------------------------------

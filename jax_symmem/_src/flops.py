@@ -1,0 +1,36 @@
+"""FLOPs of a node as an exact polynomial over the dims: what a recomputation costs."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from jax_symmem._src.poly import ZERO, Poly, product
+from jax_symmem._src.shape_graph import ShapeGraph
+from jax_symmem._src.tracing import Const, Node
+
+
+def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
+  (lc, _), _ = node.params["dimension_numbers"]
+  return 2 * product(outs[0]) * product(ins[0][i] for i in lc)
+
+
+def _reduction_flops(node, ins, outs) -> Poly:
+  return product(ins[0])
+
+
+# primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
+FLOP_RULES: dict[str, Callable[..., Poly]] = {
+    "dot_general": _dot_flops,
+    "reduce_sum": _reduction_flops, "reduce_max": _reduction_flops,
+    "reduce_min": _reduction_flops, "argmax": _reduction_flops, "argmin": _reduction_flops,
+}
+
+
+def flops(graph: ShapeGraph, node: Node) -> Poly:
+  if node.subprograms:   # control flow: its bodies' FLOPs (a scan's times its length)
+    body = sum((flops(graph, n) for sub in node.subprograms for n in sub.nodes), ZERO)
+    return node.params.get("length", 1) * body if node.name == "scan" else body
+  ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
+  outs = [graph.values[o].dims for o in node.outputs]
+  rule = FLOP_RULES.get(node.name)
+  return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
