@@ -40,23 +40,34 @@ class Analysis:
 
     The prediction is the modeled peak, times `scale[k]` where the caller has
     calibrated round k against what XLA reported for compiled variants.
-    Raises BudgetError, naming the smallest achievable peak, when none fits.
+    Raises BudgetError, naming the smallest achievable peak, when none fits by the
+    model (`symmem.jit` instead asks XLA before refusing: `best_round`).
     """
-    if budget is None:
-      return 0
-    scale = scale or {}
-    peaks = []
-    for k in range(len(self.rounds)):
-      peak = int(self.round_peak(k, dims) * scale.get(k, 1.0))
-      if peak + reserved <= budget:
-        return k
-      peaks.append(peak)
-    best = min(peaks)
+    k, fits = self.best_round(dims, budget, reserved, scale)
+    if fits:
+      return k
+    best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
     raise BudgetError(
         f"memory budget {budget / 2**20:.1f} MiB is below the smallest achievable peak at "
         f"{dict(dims)}: {best / 2**20:.1f} MiB " + ("predicted" if scale else "modeled")
         + (f" plus {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
         + "; raise the budget or use shorter/smaller batches")
+
+  def best_round(self, dims: Mapping[str, int], budget: int | None, reserved: int = 0,
+                 scale: Mapping[int, float] | None = None) -> tuple[int, bool]:
+    """(round, whether it fits): the smallest round predicted to fit, else the round
+    with the smallest predicted peak. Rounds add recomputation, so the smallest
+    round that fits is the one that recomputes least."""
+    if budget is None:
+      return 0, True
+    scale = scale or {}
+    peaks = []
+    for k in range(len(self.rounds)):
+      peak = int(self.round_peak(k, dims) * scale.get(k, 1.0))
+      if peak + reserved <= budget:
+        return k, True
+      peaks.append(peak)
+    return min(range(len(peaks)), key=lambda k: (peaks[k], k)), False
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""

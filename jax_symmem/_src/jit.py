@@ -12,7 +12,10 @@ At the first call the step is traced once with symbolic dims and analysed
    (F5);
 4. runs the executable compiled for (dims, round), compiling it on a miss.
    After compiling, XLA's own `memory_analysis()` is checked against the budget;
-   if the variant does not fit, the next round is compiled (bounded).
+   if the variant does not fit, the round that XLA's figure predicts to fit is
+   compiled next (bounded), ending with the last round. Only when XLA reports
+   every variant tried, the last round included, over the budget does the call
+   raise `BudgetError`: a variant over budget never runs.
 
 Recomputation is fenced with optimization barriers and compiled with XLA:CPU's
 `cse_barrier_expander` disabled, or XLA would merge it back (F1).
@@ -116,7 +119,9 @@ class SymmemFunction:
     self.last_call: dict | None = None                    # the most recent dispatch
     self._fallbacks: dict[Any, Callable] = {}
     self._spec_dtypes: dict[Any, tuple] = {}              # static key -> traced leaf dtypes
-    self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0}
+    self._refused: dict[Any, str] = {}                    # decision key -> BudgetError text
+    self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
+                    "budget_errors": 0}
 
   # -- public --
   def __call__(self, *args, **kwargs):
@@ -157,13 +162,20 @@ class SymmemFunction:
     key = (static_key, dims_key, reserved >> 20, budget)
     with self._lock:
       k = self._decisions.get(key)
+      if key in self._refused:
+        self._counts["budget_errors"] += 1
+        raise BudgetError(self._refused[key])
       if k is None:
-        k = analysis.choose_round(dims, budget, reserved, self._calibration.get(static_key))
+        k, _ = analysis.best_round(dims, budget, reserved, self._calibration.get(static_key))
       exe_key = (static_key, dims_key, k)
       exe = self._executables.get(exe_key)
       if exe is None:
         try:
           exe, k = self._compile(analysis, static_key, dims, k, args, flat, budget, reserved)
+        except BudgetError as e:
+          self._refused[key] = str(e)
+          self._counts["budget_errors"] += 1
+          raise
         except SymmemError:
           raise
         except Exception as e:  # e.g. a primitive whose params we cannot specialize: jax.jit
@@ -194,6 +206,8 @@ class SymmemFunction:
     return self._resolved_budget
 
   def cache_info(self) -> dict[str, int]:
+    """Counts: compiles, cache hits, recompiles (a variant XLA reported over budget),
+    calls that fell back to jax.jit, calls refused with BudgetError, executables."""
     return dict(self._counts, executables=len(self._executables))
 
   def variants(self) -> list[dict]:
@@ -285,7 +299,8 @@ class SymmemFunction:
     donate = self._donated_leaves(args)
     calibration = self._calibration.setdefault(static_key, {})
     compiled = []   # (footprint, k, executable, options)
-    for _ in range(MAX_RECOMPILES + 1):
+    last = len(analysis.rounds) - 1
+    while True:
       r = analysis.rounds[k]
       options, truthful = options_for(k)
       program = tracing.specialize_program(r.program, env)
@@ -314,17 +329,32 @@ class SymmemFunction:
       logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                    analysis.traced.fun_name, dims, k, footprint / 2**20)
       compiled.append((footprint, k, exe, options))
-      if budget is None or footprint + reserved <= budget or k + 1 >= len(analysis.rounds):
+      if budget is None or footprint + reserved <= budget or len(compiled) > MAX_RECOMPILES:
         break
-      k += 1
+      # Over budget: jump to the first later round that XLA's figure for this one,
+      # applied to the model, predicts to fit (else the last), not round by round.
+      ratio = footprint / max(1, analysis.round_peak(k, dims))
+      tried = {c[1] for c in compiled}
+      nxt = next((j for j in range(k + 1, last + 1) if j not in tried
+                  and ratio * analysis.round_peak(j, dims) + reserved <= budget), None)
+      # Then the last round; then round 0, as jax.jit would compile the step (XLA may
+      # fit it where the model says no: never refuse a step that jax.jit runs).
+      nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
+      if nxt is None:
+        break
+      k = nxt
       self._counts["recompiles"] += 1
-    footprint, k, exe, options = min(compiled, key=lambda c: (budget is not None and
-                                                               c[0] + reserved > budget, c[1]))
-    if budget is not None and footprint + reserved > budget:
-      footprint, k, exe, options = min(compiled, key=lambda c: c[0])
-      logging.warning("jax_symmem: %s at %s: XLA reports %.1f MiB for the best variant compiled "
-                      "(round %d), above the %.1f MiB budget", analysis.traced.fun_name, dims,
-                      footprint / 2**20, k, budget / 2**20)
+    fitting = [c for c in compiled if budget is None or c[0] + reserved <= budget]
+    if not fitting:
+      footprint, k, _, _ = min(compiled, key=lambda c: c[0])
+      raise BudgetError(
+          f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
+          f"{footprint / 2**20:.1f} MiB for the smallest variant compiled (round {k} of {last}"
+          + (", the planner's last" if last in {c[1] for c in compiled} else "")
+          + f"), above the {budget / 2**20:.1f} MiB budget"
+          + (f" less {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
+          + "; raise the budget or use shorter/smaller batches")
+    footprint, k, exe, options = min(fitting, key=lambda c: c[1])   # least recomputation
     self._executables[(static_key, tuple(sorted(dims.items())), k)] = exe
     self._variants[(static_key, tuple(sorted(dims.items())), k)] = {
         "dims": dict(dims), "round": k, "xla_bytes": footprint,
