@@ -130,13 +130,18 @@ def test_symmem_jit_on_a_scanned_llama_under_a_budget_matches_jax_jit():
   step = symmem.jit(step_fn, polymorphic_shapes=(None, "b, s", "b, s"),
                     constraints=("s <= 128", "b <= 2", "s >= 2"),
                     memory_budget=(peaks[0] + peaks[-1]) // 2)
-  ref = jax.jit(step_fn)
   for s in (16, 128):
     tokens, mask = llama.example_batch(cfg, 2, s, seed=s)
-    # atol: the memory-saving XLA options change reduction order; jax.jit compiled
-    # with them differs from default jax.jit by as much on near-zero elements.
-    chex.assert_trees_all_close(step(state, tokens, mask), ref(state, tokens, mask),
-                                rtol=1e-5, atol=1e-5)
+    out = step(state, tokens, mask)
     assert "fallback" not in step.last_call
     assert step.last_call["xla_bytes"] <= step.last_call["budget"]
+    # The reference: jax.jit compiled with the XLA options of the variant that ran (the
+    # memory-saving ones change reduction order, and AdamW amplifies that on tiny grads).
+    (variant,) = [v for v in step.variants() if v["dims"] == {"b": 2, "s": s}]
+    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
+               else jit_lib.FAST_PATH_CPU_OPTIONS)
+    ref = jax.jit(step_fn).lower(state, tokens, mask).compile(compiler_options=options)
+    expected = ref(state, tokens, mask)
+    chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)
+    del out, expected   # live arrays count against the budget of the next call
   assert step.last_call["round"] > 0   # the long batch needed loop evictions
