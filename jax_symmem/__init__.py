@@ -60,9 +60,10 @@ def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
   from jax_symmem._src import analysis as analysis_lib
   from jax_symmem._src import sharding
   from jax_symmem._src.jit import resolve_budget
-  traced = trace(fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints)
-  return analysis_lib.analyze_traced(traced, memory_budget=resolve_budget(memory_budget),
-                                     argument_divisors=sharding.argument_divisors(in_shardings, args))
+  return analysis_lib.analyze_function(
+      fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
+      memory_budget=resolve_budget(memory_budget),
+      argument_divisors=sharding.argument_divisors(in_shardings, args))
 
 
 __version__ = "0.1.0"

@@ -102,7 +102,7 @@ class Analysis:
     from jax.experimental import io_callback
     from jax_symmem._src import tracing
     env = self.graph.constraints.complete(dict(dims))
-    last = self.rounds[-1]
+    last = [r for r in self.rounds if not r.as_written][-1]
     program = tracing.specialize_program(last.program, env)
     # A block runs as one guarded unit where its last node stands (every operand of
     # the recomputation exists by then). Blocks whose intermediates other nodes read
@@ -197,8 +197,9 @@ class Analysis:
     lines = [f"rematerialization plan for {self.traced.fun_name} "
              f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate)"]
     for k, r in enumerate(self.rounds[1:], start=1):
-      lines.append(f" round {k}: guard 'modeled peak of round {k - 1} + live bytes > budget'; "
-                   f"modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB")
+      what = " (the step as written, with its jax.checkpoint regions)" if r.as_written else ""
+      lines.append(f" round {k}{what}: guard 'modeled peak of round {k - 1} + live bytes > "
+                   f"budget'; modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB")
       for region in r.regions:
         lines.append("   " + region.describe(r.graph, **at))
     return "\n".join(lines)
@@ -214,13 +215,46 @@ def _plan(graph: ShapeGraph, dims: Mapping[str, int] | None):
   return sched, rounds, stats
 
 
-def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
-                   argument_divisors: Sequence[Sequence[int]] | None = None) -> Analysis:
-  """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
-  many shards it is split into) makes every figure per device (sharding.py)."""
+def _graph(traced: TracedProgram, argument_divisors) -> ShapeGraph:
   graph = ShapeGraph(traced)
   if argument_divisors is not None and any(d > 1 for ds in argument_divisors for d in ds):
     graph = graph.per_device(sharding_lib.propagate(traced.program, argument_divisors,
                                                     lambda v: graph.values[v].dims))
+  return graph
+
+
+def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
+                   argument_divisors: Sequence[Sequence[int]] | None = None,
+                   annotated: TracedProgram | None = None) -> Analysis:
+  """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
+  many shards it is split into) makes every figure per device (sharding.py).
+
+  `annotated`: the same step traced with the user's `jax.checkpoint` regions, where
+  `traced` was traced saving everything (`tracing.trace(save_everything=True)`). The
+  rounds then start from the step without the user's recomputation (short batches
+  that fit run without it) and end with the step as the user wrote it.
+  """
+  graph = _graph(traced, argument_divisors)
   sched, rounds, stats = _plan(graph, None)
+  if annotated is not None:
+    as_written = _graph(annotated, argument_divisors)
+    order = schedule_lib.schedule(as_written).order
+    rounds += (remat.Round((), (), annotated.program, order, as_written, as_written=True),)
   return Analysis(traced, graph, sched, rounds, memory_budget, stats)
+
+
+def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
+                     memory_budget: int | None = None,
+                     argument_divisors: Sequence[Sequence[int]] | None = None,
+                     undo_checkpoints: bool = True) -> Analysis:
+  """Traces `fun` with symbolic dims and plans it (`analyze_traced`). A step with
+  `jax.checkpoint` / `nn.remat` / `nnx.remat` regions is traced a second time without
+  them (`undo_checkpoints`): per shape, the run time may then skip the recomputation
+  the annotation asks for where memory allows, or keep it (the last round)."""
+  from jax_symmem._src import tracing
+  kw = dict(polymorphic_shapes=polymorphic_shapes, constraints=constraints)
+  traced = tracing.trace(fun, *args, **kw)
+  annotated = None
+  if undo_checkpoints and tracing.has_checkpoints(traced.closed_jaxpr):
+    annotated, traced = traced, tracing.trace(fun, *args, save_everything=True, **kw)
+  return analyze_traced(traced, memory_budget, argument_divisors, annotated)

@@ -269,13 +269,13 @@ class SymmemFunction:
           raise NotImplementedError(
               f"jax.jit options {sorted(self._jit_kwargs)} are not supported by the memory planner "
               "yet")
-        traced = tracing.trace(bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
-                               constraints=self._constraints)
         # Sharded arguments: the memory model counts bytes per device (sharding.py).
         divisors = sharding_lib.argument_divisors(self._in_shardings, dyn_args)
         self._arg_splits[static_key] = tuple(math.prod(d) for d in divisors)
-        result = analysis_lib.analyze_traced(traced, memory_budget=self._budget(),
-                                             argument_divisors=divisors)
+        result = analysis_lib.analyze_function(
+            bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
+            constraints=self._constraints, memory_budget=self._budget(),
+            argument_divisors=divisors)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result

@@ -304,6 +304,7 @@ class Round:
   order: tuple[int, ...]
   graph: ShapeGraph
   loops: Mapping[int, loop_remat.LoopState] = dataclasses.field(default_factory=dict)
+  as_written: bool = False        # the user's own jax.checkpoint regions, not a plan of ours
 
   def peak_at(self, dims: Mapping[str, int]) -> int:
     return memory.peak_at(self.graph, dims, self.program, self.order)

@@ -14,14 +14,17 @@ internals (`jax._src.source_info_util`, the jaxpr data structures).
 from __future__ import annotations
 
 import dataclasses
+import contextlib
 import itertools
 import os
+import threading
 import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
 from jax import export
 import jax.extend.core as jcore
+from jax._src import ad_checkpoint as _ad_checkpoint
 from jax._src import core as _jax_core
 from jax._src import source_info_util
 
@@ -422,6 +425,47 @@ def _make_specialized(program: Program, env: Mapping[str, int]) -> Program:
 
 # --- trace -----------------------------------------------------------------------
 
+CHECKPOINT_PRIMITIVES = frozenset({"remat2", "checkpoint"})
+_SAVE_EVERYTHING_LOCK = threading.Lock()
+
+
+def has_checkpoints(closed_jaxpr) -> bool:
+  """Whether a `jax.checkpoint` / `nn.remat` / `nnx.remat` region remains anywhere in
+  the jaxpr (also inside loop bodies and calls)."""
+  def walk(j) -> bool:
+    for eqn in j.eqns:
+      if eqn.primitive.name in CHECKPOINT_PRIMITIVES:
+        return True
+      for v in eqn.params.values():
+        for b in (v if isinstance(v, (tuple, list)) else (v,)):
+          if isinstance(b, (jcore.ClosedJaxpr, jcore.Jaxpr)) and walk(_closed(b)[0]):
+            return True
+    return False
+  return walk(closed_jaxpr.jaxpr)
+
+
+@contextlib.contextmanager
+def _checkpoints_save_everything():
+  """While tracing, every `jax.checkpoint` region saves all it computes (policy
+  `everything_saveable`): AD's own partial evaluation then stacks and keeps the
+  residuals the annotation would have recomputed, as if the region were not there.
+
+  One patch point: the checkpoint primitive's `bind`, which `jax.checkpoint` and its
+  JVP call with the policy as a parameter. Serialized, since the patch is global.
+  """
+  prim = _ad_checkpoint.remat_p
+  bind = type(prim).bind
+  def bind_saving_everything(*args, **params):
+    params = dict(params, policy=jax.checkpoint_policies.everything_saveable,
+                  prevent_cse=False)
+    return bind(prim, *args, **params)
+  with _SAVE_EVERYTHING_LOCK:
+    prim.bind = bind_saving_everything
+    try:
+      yield
+    finally:
+      del prim.bind
+
 
 def _user_frame(tb) -> str | None:
   """The innermost frame of the user's code in a traceback (not JAX, not us)."""
@@ -478,7 +522,8 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   return specs
 
 
-def trace(fun: Callable, *args, polymorphic_shapes, constraints=()) -> TracedProgram:
+def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
+          save_everything: bool = False) -> TracedProgram:
   """Traces `fun` once with symbolic dimensions.
 
   Args:
@@ -488,6 +533,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=()) -> TracedPro
       `jax.export.symbolic_args_specs` ("b, s", "b, s, _"); None keeps an
       argument static.
     constraints: strings such as "s <= 4096", "b >= 2", "s == 128*k".
+    save_everything: trace as if every `jax.checkpoint` region saved all it
+      computes (the step without the user's rematerialization).
 
   Returns:
     A `TracedProgram` whose avals carry JAX symbolic dimensions.
@@ -502,7 +549,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=()) -> TracedPro
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
   name = getattr(fun, "__name__", type(fun).__name__)
   try:
-    closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
+    with _checkpoints_save_everything() if save_everything else contextlib.nullcontext():
+      closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
           TypeError, ValueError) as e:
     where = _user_frame(e.__traceback__)

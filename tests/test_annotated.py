@@ -1,0 +1,82 @@
+"""Steps that already hold jax.checkpoint / nn.remat regions: undone per shape where memory allows."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import interpret
+from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import tracing
+from jax_symmem.examples import llama
+
+SHAPES = (None, "b, s", "b, s")
+CONSTRAINTS = ("s <= 128", "b <= 2", "s >= 2")
+
+
+def _grad_of_checkpointed(w, x):
+  layer = jax.checkpoint(lambda h: jnp.sin(jnp.tanh(h @ w)) @ w.T)
+  return jnp.sum(layer(layer(x)) ** 2)
+
+
+def test_tracing_saving_everything_drops_the_recomputation():
+  w, x = jnp.ones((8, 8)) / 8, jnp.ones((4, 8))
+  fun = jax.grad(_grad_of_checkpointed)
+  as_written = tracing.trace(fun, w, x, polymorphic_shapes=(None, "b, _"))
+  saving = tracing.trace(fun, w, x, polymorphic_shapes=(None, "b, _"), save_everything=True)
+  assert tracing.has_checkpoints(as_written.closed_jaxpr)
+  count = lambda t, name: sum(1 for _, n in t.program.walk() if n.name == name)
+  # The forward's sin/tanh run twice per layer as written (once recomputed), once saving.
+  assert count(as_written, "tanh") == 2 * count(saving, "tanh") == 4
+  # The patch is gone after tracing: the next trace recomputes again.
+  again = tracing.trace(fun, w, x, polymorphic_shapes=(None, "b, _"))
+  assert count(again, "tanh") == 4
+  # ... and computes the same gradient.
+  program = saving.specialize(b=4)
+  (grad,) = jax.jit(lambda *a: interpret.run(program, a))(w, x)
+  chex.assert_trees_all_close(grad, jax.jit(fun)(w, x), rtol=1e-6)
+
+
+@pytest.mark.parametrize("scan", [False, True])
+def test_rounds_start_without_the_annotation_and_end_as_written(scan):
+  cfg = llama.PRESETS["tiny"]
+  state = llama.init_state(cfg, scan_layers=scan)
+  fn = llama.train_step_fn(llama.Llama(cfg, "layer", scan))
+  analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
+                            polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  plain = symmem.analyze(llama.train_step_fn(llama.Llama(cfg, None, scan)), state,
+                         *llama.example_batch(cfg, 2, 16), polymorphic_shapes=SHAPES,
+                         constraints=CONSTRAINTS)
+  dims = {"b": 2, "s": 128}
+  assert analysis.rounds[-1].as_written and not any(r.as_written for r in analysis.rounds[:-1])
+  # Round 0 is the step without the user's recomputation: as the unannotated model
+  # (within 1 %: inside a scan, the region's backward half stays a separate call whose
+  # few small values AD places a little differently).
+  assert analysis.round_peak(0, dims) == pytest.approx(plain.round_peak(0, dims), rel=0.01)
+  assert analysis.round_peak(len(analysis.rounds) - 1, dims) < analysis.round_peak(0, dims)
+
+
+def test_symmem_jit_skips_the_annotation_where_memory_allows():
+  cfg = llama.PRESETS["tiny"]
+  state = llama.init_state(cfg)
+  fn = llama.train_step_fn(llama.Llama(cfg, "layer"))
+  analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
+                            polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  long = {"b": 2, "s": 128}
+  peaks = [analysis.round_peak(k, long) for k in range(len(analysis.rounds))]
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
+                    memory_budget=(peaks[0] + min(peaks)) // 2)
+  for s in (8, 128):
+    tokens, mask = llama.example_batch(cfg, 2, s, seed=s)
+    out = step(state, tokens, mask)
+    (variant,) = [v for v in step.variants() if v["dims"] == {"b": 2, "s": s}]
+    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
+               else jit_lib.FAST_PATH_CPU_OPTIONS)
+    expected = jax.jit(fn).lower(state, tokens, mask).compile(compiler_options=options)(
+        state, tokens, mask)
+    chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)
+    del out, expected
+    if s == 8:
+      assert step.last_call["round"] == 0   # no recomputation for the short batch
+  assert step.last_call["round"] > 0 and step.last_call["xla_bytes"] <= step.last_call["budget"]
