@@ -1,20 +1,27 @@
-"""Models as people write them: the memory model against XLA, and the planner's reach.
+"""Models as people write them: model vs XLA, reach, and symmem.jit under a budget.
 
-For each training step (AdamW, masked loss) and a few shapes up to the longest,
+For each training step (AdamW, masked loss) and three shapes up to the longest,
 this prints and writes to experiments/results/bench_models.json:
 
-* model vs XLA: the modeled peak of round 0 (the step as traced, best order)
-  against XLA's `memory_analysis()` footprint of that step compiled with the
-  options under which it sees every buffer (DESIGN.md F2); the goal is within
-  10 % + 8 MiB;
-* reach: XLA's footprint of the planner's last round against that of the same
-  model with `jax.checkpoint` (`nn.remat`) on each layer, compiled the same way;
-  the goal is <= 1.05.
+1. model vs XLA: the modeled peak of round 0 against XLA's `memory_analysis()`
+   footprint of the same step compiled with the options under which it sees every
+   buffer (DESIGN.md F2); goal: within 10 % + 8 MiB;
+2. reach: the real peak of the planner's last round against that of the model with
+   `jax.checkpoint` (`nn.remat`) on each layer (compiled with barriers kept, F1);
+   goal <= 1.05;
+3. under a budget of 1.25 x the per-layer checkpoint's real peak at the longest
+   shape: symmem.jit's real peak (goal: <= budget x 1.05 + 8 MiB), the round it
+   dispatched, its compiles, step time vs per-layer checkpointing (goal <= 1.00 at
+   the longest shape, lower at the shorter) and vs jax.jit where jax.jit's real peak
+   fits (goal <= 1.05), and losses / updated parameters vs jax.jit's.
 
-Compile-only (no step is run): footprints are XLA's static figures. Real peaks
-and step times under a budget are measured by bench_remat.py / table1.py.
+Real peaks follow DESIGN.md F3 (jax_symmem.measure: a fresh process per figure,
+peak above resident memory plus the argument bytes). Step times are measured in
+one process, interleaved: each pass runs every variant once on the same batch,
+the median over passes is reported.
 
-    python -m experiments.bench_models [--workloads llama,llama_scan] [--quick]
+    python -m experiments.bench_models                 # every workload
+    python -m experiments.bench_models --workloads=llama_scan,t5 --passes=5
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import dataclasses
 import json
 import os
 import platform
+import statistics
 import subprocess
 import time
 from typing import Callable
@@ -30,51 +38,67 @@ from typing import Callable
 from absl import app
 from absl import flags
 import jax
+import numpy as np
 
 import jax_symmem as symmem
+from jax_symmem import measure
 from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import tracing
-from jax_symmem.examples import gpt2
-from jax_symmem.examples import llama
 
 MiB = 2**20
-FLAGS = flags.DEFINE_list("workloads", None, "subset of workloads to run (default: all)")
-QUICK = flags.DEFINE_bool("quick", False, "two shapes per workload instead of three")
+FENCE = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # keep jax.checkpoint (F1)
+WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
+PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
+QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
+OUT = flags.DEFINE_string("out", "experiments/results/bench_models.json", "results file")
 
 
 @dataclasses.dataclass(frozen=True)
 class Workload:
   name: str
-  step: Callable          # remat_policy -> (state, *batch) -> (state, loss)
+  step: Callable          # remat_policy (None / "layer") -> pure (state, *batch) -> (state, loss)
   state: Callable         # () -> state
-  batch: Callable         # (b, length) -> batch arrays
+  batch: Callable         # (length) -> batch arrays at this workload's batch size
+  dims: Callable          # (length) -> {dim: size}
   shapes: tuple           # polymorphic shapes of (state, *batch)
   constraints: tuple
-  batch_size: int
-  lengths: tuple
+  lengths: tuple          # three lengths, the last the longest allowed
 
 
-def _llama(scan: bool) -> Workload:
-  cfg = dataclasses.replace(llama.PRESETS["small"], n_layers=4, max_len=512)
+def _llama(scan: bool, annotated: bool = False) -> Workload:
+  from jax_symmem.examples import llama
+  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  name = "llama" + ("_scan" if scan else "") + ("_remat" if annotated else "")
   return Workload(
-      f"llama{'_scan' if scan else ''}",
-      lambda policy: llama.train_step_fn(llama.Llama(cfg, policy, scan)),
+      name, lambda policy: llama.train_step_fn(llama.Llama(cfg, policy or (
+          "layer" if annotated else None), scan)),
       lambda: llama.init_state(cfg, scan_layers=scan),
-      lambda b, s: llama.example_batch(cfg, b, s),
-      (None, "b, s", "b, s"), llama.step_constraints(512, 4), 4, (128, 256, 512))
+      lambda s: llama.example_batch(cfg, 4, s), lambda s: {"b": 4, "s": s},
+      (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
 
 
 def _gpt2() -> Workload:
-  cfg = gpt2.PRESETS["small"]
+  from jax_symmem.examples import gpt2, llama
+  cfg = gpt2.GPT2Config(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512)
   return Workload(
       "gpt2", lambda policy: llama.train_step_fn(gpt2.GPT2(cfg, policy)),
-      lambda: gpt2.init_state(cfg), lambda b, s: gpt2.example_batch(cfg, b, s),
-      (None, "b, s", "b, s"), llama.step_constraints(512, 4), 4, (128, 256, 512))
+      lambda: gpt2.init_state(cfg), lambda s: gpt2.example_batch(cfg, 4, s),
+      lambda s: {"b": 4, "s": s}, (None, "b, s", "b, s"), llama.step_constraints(512, 4),
+      (128, 256, 512))
 
 
-WORKLOADS = {"llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
-             "gpt2": _gpt2}
+WORKLOADS = {
+    "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
+    "llama_scan_remat": lambda: _llama(True, annotated=True), "gpt2": _gpt2,
+}
+
+
+# --- one figure per fresh process (jax_symmem.measure calls these) --------------------------
+
+
+def _bytes(tree) -> int:
+  return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
 
 
 def _footprint(exe) -> int:
@@ -83,63 +107,147 @@ def _footprint(exe) -> int:
           - ma.alias_size_in_bytes)
 
 
-def _compile(fn, args) -> int:
-  return _footprint(jax.jit(fn).lower(*args).compile(
-      compiler_options=jit_lib.CPU_COMPILER_OPTIONS))
+def measured(workload: str, variant: str, length: int, budget: int = 0):
+  """(fn, args, extra) for jax_symmem.measure: `variant` is "jit" (jax.jit), "per_layer"
+  (nn.remat on each layer, barriers kept), "last_round" (the planner's last round,
+  compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`)."""
+  w = WORKLOADS[workload]()
+  args = (w.state(), *w.batch(length))
+  extra = {"argument_bytes": _bytes(args)}
+  if variant in ("jit", "per_layer"):
+    exe = jax.jit(w.step("layer" if variant == "per_layer" else None)).lower(*args).compile(
+        compiler_options=FENCE if variant == "per_layer" else {})
+    return exe, args, dict(extra, xla=_footprint(exe))
+  analysis = _analysis(w)
+  if variant == "last_round":
+    exe, k = _compile_round(analysis, len(analysis.rounds) - 1, w.dims(length), args)
+    flat = jax.tree_util.tree_leaves(args)
+    return (lambda *a: exe(*flat)), args, dict(extra, xla=_footprint(exe), round=k)
+  step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
+                    memory_budget=budget)
+  jax.block_until_ready(step(*args))
+  return step, args, dict(extra, **{k: step.last_call[k] for k in ("round", "xla_bytes")},
+                          compiles=step.cache_info()["compiles"])
 
 
-def _round_footprint(analysis, k, dims, flat) -> int:
+def _analysis(w: Workload):
+  return symmem.analyze(w.step(None), w.state(), *w.batch(w.lengths[0]),
+                        polymorphic_shapes=w.shapes, constraints=w.constraints)
+
+
+def _compile_round(analysis, k, dims, args):
   env = analysis.graph.constraints.complete(dims)
   program = tracing.specialize_program(analysis.rounds[k].program, env)
   order = analysis.round_order(k, dims)
-  return _compile(lambda *a: tuple(interpret.run(program, a, order)), flat)
+  exe = jax.jit(lambda *a: tuple(interpret.run(program, a, order))).lower(
+      *jax.tree_util.tree_leaves(args)).compile(compiler_options=jit_lib.CPU_COMPILER_OPTIONS)
+  return exe, k
 
 
-def run_workload(w: Workload, lengths) -> list[dict]:
-  state = w.state()
+def _real(workload, variant, length, budget=0) -> dict:
+  m = measure.measure("experiments.bench_models:measured", workload=workload, variant=variant,
+                      length=length, budget=budget)
+  return dict(m.extra, real=m.peak_delta + m.extra["argument_bytes"])
+
+
+# --- the run --------------------------------------------------------------------------------
+
+
+def _close(a, b) -> bool:
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def _time(fns: dict, args, passes: int) -> dict:
+  for fn in fns.values():                       # warm: compiled and run once
+    jax.block_until_ready(fn(*args))
+  times = {k: [] for k in fns}
+  for _ in range(passes):
+    for k, fn in fns.items():
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[k].append(time.perf_counter() - t)
+  return {k: statistics.median(v) for k, v in times.items()}
+
+
+def run_workload(w: Workload, passes: int) -> dict:
   t0 = time.perf_counter()
-  analysis = symmem.analyze(w.step(None), state, *w.batch(2, 8), polymorphic_shapes=w.shapes,
-                            constraints=w.constraints)
+  analysis = _analysis(w)
   plan_s = time.perf_counter() - t0
+  longest = w.lengths[-1]
+  per_layer_long = _real(w.name, "per_layer", longest)
+  budget = int(1.25 * per_layer_long["real"])
+  print(f"{w.name}: planned in {plan_s:.1f} s ({len(analysis.rounds) - 1} rounds); budget "
+        f"{budget / MiB:.1f} MiB = 1.25 x per-layer checkpoint's real peak at the longest shape",
+        flush=True)
+  state = w.state()
+  step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
+                    memory_budget=budget)
+  ref = jax.jit(w.step(None))
+  per_layer = jax.jit(w.step("layer"))
   rows = []
-  for s in lengths:
-    dims = {"b": w.batch_size, "s": s}
-    args = (state, *w.batch(w.batch_size, s))
-    flat = jax.tree_util.tree_leaves(args)
-    last = len(analysis.rounds) - 1
-    model0 = analysis.round_peak(0, dims)
-    xla0 = _compile(w.step(None), args)
-    xla_last = _round_footprint(analysis, last, dims, flat)
-    per_layer = _compile(w.step("layer"), args)
-    row = {"workload": w.name, "dims": dims, "rounds": last, "plan_s": round(plan_s, 1),
-           "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-           "model_within_10pct_8mib": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
-           "xla_last_round_mib": xla_last / MiB, "xla_per_layer_ckpt_mib": per_layer / MiB,
-           "reach_ratio": xla_last / per_layer}
+  for length in w.lengths:
+    dims = w.dims(length)
+    args = (state, *w.batch(length))
+    exe0, _ = _compile_round(analysis, 0, dims, args)
+    model0, xla0 = analysis.round_peak(0, dims), _footprint(exe0)
+    del exe0
+    jit_real = _real(w.name, "jit", length)
+    ckpt_real = per_layer_long if length == longest else _real(w.name, "per_layer", length)
+    last_real = _real(w.name, "last_round", length)
+    sym_real = _real(w.name, "symmem", length, budget)
+    # Interleaved timing, in this process (per-layer compiled with barriers kept).
+    ckpt_exe = per_layer.lower(*args).compile(compiler_options=FENCE)
+    fns = {"symmem": step, "per_layer": ckpt_exe}
+    if jit_real["real"] <= budget:
+      fns["jit"] = ref
+    times = _time(fns, args, passes)
+    same = _close(step(*args), ref(*args))
+    row = {
+        "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
+        "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
+        "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
+        "last_round_real_mib": last_real["real"] / MiB,
+        "reach": last_real["real"] / ckpt_real["real"],
+        "budget_mib": budget / MiB, "symmem_real_mib": sym_real["real"] / MiB,
+        "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
+        "within_budget": sym_real["real"] <= 1.05 * budget + 8 * MiB,
+        "time_vs_per_layer": times["symmem"] / times["per_layer"],
+        "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
+        "step_s": times, "equal_to_jax_jit": same}
     rows.append(row)
-    print(f"{w.name:>11} b={w.batch_size} s={s:>4}: model {model0 / MiB:7.1f} vs XLA "
-          f"{xla0 / MiB:7.1f} MiB ({'ok' if row['model_within_10pct_8mib'] else 'OFF'}); "
-          f"last round ({last}) {xla_last / MiB:7.1f} vs per-layer checkpoint "
-          f"{per_layer / MiB:7.1f} MiB = {row['reach_ratio']:.3f}", flush=True)
-  return rows
+    vs_jit = f"{row['time_vs_jit']:.2f}" if row["time_vs_jit"] else "(jax.jit over)"
+    print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB "
+          f"[{'ok' if row['model_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
+          f"per-layer {row['per_layer_real_mib']:.1f}, last round {row['last_round_real_mib']:.1f} "
+          f"(reach {row['reach']:.2f}), symmem {row['symmem_real_mib']:.1f} round "
+          f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "
+          f"{row['symmem_compiles']}; time vs per-layer {row['time_vs_per_layer']:.2f}, vs "
+          f"jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
+  return {"workload": w.name, "plan_s": plan_s, "rounds": len(analysis.rounds) - 1,
+          "budget_mib": budget / MiB, "rows": rows}
 
 
 def main(argv):
   del argv
-  names = FLAGS.value or list(WORKLOADS)
-  rows = []
-  for name in names:
-    w = WORKLOADS[name]()
-    rows += run_workload(w, w.lengths[-2:] if QUICK.value else w.lengths)
+  names = WORKLOADS_FLAG.value or list(WORKLOADS)
+  results = []
+  for n in names:
+    w = WORKLOADS[n]()
+    if QUICK.value:
+      w = dataclasses.replace(w, lengths=tuple(s // 4 for s in w.lengths))
+    results.append(run_workload(w, PASSES.value))
   rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
                        text=True).stdout.strip()
   out = {"environment": {"jax": jax.__version__, "machine": platform.machine(),
-                         "cpus": os.cpu_count(), "git": rev},
-         "command": "python -m experiments.bench_models " + " ".join(
-             f"--workloads={n}" for n in [",".join(names)]), "rows": rows}
-  os.makedirs("experiments/results", exist_ok=True)
-  with open("experiments/results/bench_models.json", "w") as f:
+                         "cpus": os.cpu_count(), "git": rev,
+                         "load": os.getloadavg()},
+         "command": "python -m experiments.bench_models --workloads=" + ",".join(names)
+                    + f" --passes={PASSES.value}", "results": results}
+  os.makedirs(os.path.dirname(OUT.value), exist_ok=True)
+  with open(OUT.value, "w") as f:
     json.dump(out, f, indent=1)
+  print(f"wrote {OUT.value}")
 
 
 if __name__ == "__main__":

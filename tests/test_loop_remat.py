@@ -8,9 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import jax_symmem as symmem
+from jax_symmem._src import executor
 from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import loop_remat
+from jax_symmem._src import memory
 from jax_symmem._src import tracing
 from jax_symmem.examples import llama
 
@@ -145,3 +147,22 @@ def test_symmem_jit_on_a_scanned_llama_under_a_budget_matches_jax_jit():
     chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)
     del out, expected   # live arrays count against the budget of the next call
   assert step.last_call["round"] > 0   # the long batch needed loop evictions
+
+
+def test_model_of_loop_rounds_equals_running_the_bodies_op_by_op():
+  cfg = llama.PRESETS["tiny"]
+  state = llama.init_state(cfg, scan_layers=True)
+  fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=True))
+  args = (state, *llama.example_batch(cfg, 2, 16))
+  analysis = symmem.analyze(fn, *args, polymorphic_shapes=(None, "b, s", "b, s"),
+                            constraints=("s <= 64", "b <= 2", "s >= 2"))
+  for dims in ({"b": 2, "s": 16}, {"b": 1, "s": 5}):
+    env = analysis.graph.constraints.complete(dims)
+    args = (state, *llama.example_batch(cfg, dims["b"], dims["s"]))
+    flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(args)]
+    for k in (0, len(analysis.rounds) - 1):
+      r = analysis.rounds[k]
+      order = analysis.round_order(k, dims)
+      program = tracing.specialize_program(r.program, env)
+      _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
+      assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, (k, dims)

@@ -60,6 +60,17 @@ def test_control_flow_bodies_add_their_working_set(name):
   assert prof.peak_bytes(**dims) >= prof.peak_bytes(include_transients=False, **dims)
 
 
+def test_scan_model_equals_running_its_body_op_by_op():
+  # The scan's outputs when it starts, one iteration's working set at a time: the
+  # executor runs every iteration's body op by op and tracks the same bytes.
+  case, traced, graph = _analysis("scan")
+  prof = memory.profile(graph)
+  for dims in case.shapes[::2]:
+    run = executor.execute(traced, case.make_args(**dims), loops_op_by_op=True)
+    assert prof.live_bytes(**dims) == list(run.live_during), dims
+    assert prof.peak_bytes(**dims) == run.peak
+
+
 def test_peak_is_the_max_over_its_pieces():
   case, traced, graph = _analysis("attention_grad")
   prof = memory.profile(graph)

@@ -5,7 +5,11 @@ after its last use (arguments the caller holds are kept unless donated), and
 tracks the bytes of the distinct live arrays. Its tracked peak is what the
 memory model predicts, exactly (DESIGN.md F7); run in a fresh process with the
 measurement protocol of `measure.py`, its real peak is what the model claims
-about real memory. Control-flow nodes run whole, as one dispatch.
+about real memory. Control-flow nodes run whole, as one dispatch, unless
+`loops_op_by_op`: then a scan runs as XLA runs it, iteration by iteration: its
+outputs (final carries, stacked results) are allocated when it starts, each
+iteration's body runs op by op on the slices it receives, and the scan's live
+bytes are the top level's plus the largest body working set above its inputs.
 """
 
 from __future__ import annotations
@@ -45,18 +49,36 @@ def _buffer_key(x) -> tuple:
 
 
 def execute(traced: TracedProgram, args: Sequence[Any], order: Sequence[int] | None = None,
-            donated: Iterable[int] = ()) -> Execution:
+            donated: Iterable[int] = (), loops_op_by_op: bool = False) -> Execution:
   """Runs `traced` on concrete `args` (a tuple matching `trace`'s args) op by op."""
   dims = traced.bind_dims(*args)
   program = traced.specialize(**dims)
   flat = jax.tree_util.tree_leaves(tuple(args))
   flat = [jax.numpy.asarray(a) for a in flat]
-  outs, live, arg_bytes = run_tracked(program, flat, order, donated)
+  outs, live, arg_bytes = run_tracked(program, flat, order, donated, loops_op_by_op)
   return Execution(jax.tree_util.tree_unflatten(traced.out_tree, outs), tuple(live), arg_bytes)
 
 
+def _run_scan(node, args, loops_op_by_op):
+  """(outputs, bytes above the scan's operands and outputs): one iteration at a time."""
+  p = node.params
+  nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+  consts, carry, xs = args[:nc], list(args[nc:nc + ncarry]), args[nc + ncarry:]
+  body = node.subprograms[0]
+  ys, working = None, 0
+  for i in (reversed(range(length)) if p["reverse"] else range(length)):
+    outs, live, arg_bytes = run_tracked(body, [*consts, *carry, *(x[i] for x in xs)],
+                                        loops_op_by_op=loops_op_by_op)
+    working = max([working] + [b - arg_bytes for b in live])
+    carry, y = outs[:ncarry], outs[ncarry:]
+    if ys is None:
+      ys = [jax.numpy.zeros((length,) + v.shape, v.dtype) for v in y]
+    ys = [s.at[i].set(v) for s, v in zip(ys, y)]
+  return carry + (ys or []), working
+
+
 def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None,
-                donated: Iterable[int] = ()):
+                donated: Iterable[int] = (), loops_op_by_op: bool = False):
   """(outputs, live bytes during each step, argument bytes) of an op-by-op run."""
   order = tuple(range(len(program.nodes))) if order is None else tuple(order)
   donated = frozenset(donated)
@@ -93,11 +115,15 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
   live = []
   for pos, i in enumerate(order):
     node = program.nodes[i]
-    results = interpret.bind(node, [read(x) for x in node.inputs])
+    working = 0
+    if loops_op_by_op and node.name == "scan":
+      results, working = _run_scan(node, [read(x) for x in node.inputs], loops_op_by_op)
+    else:
+      results = interpret.bind(node, [read(x) for x in node.inputs])
     for o, r in zip(node.outputs, results):
       env[o] = r
       hold(r)
-    live.append(tracked())
+    live.append(tracked() + working)
     dying = {x for x in node.inputs if not isinstance(x, Const) and last_use[x] == pos}
     dying |= {o for o in node.outputs if o not in last_use}
     for v in dying - outputs - held:
