@@ -155,6 +155,18 @@ class Block(nn.Module):
     return x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
 
 
+def checkpoint_policy(remat_policy: str):
+  """The `jax.checkpoint` policy `remat_policy` names: None (save nothing) for "layer",
+  else the `jax.checkpoint_policies` attribute of that name."""
+  if remat_policy == "layer":
+    return None
+  policy = getattr(jax.checkpoint_policies, remat_policy, None)
+  if policy is None:
+    raise ValueError(f"unknown remat_policy {remat_policy!r}: use None, 'layer' or a "
+                     "jax.checkpoint_policies name")
+  return policy
+
+
 def remat_block(block_cls, remat_policy: str | None):
   """`block_cls` under `nn.remat` as `remat_policy` asks (None: `block_cls` itself).
 
@@ -165,13 +177,7 @@ def remat_block(block_cls, remat_policy: str | None):
   """
   if remat_policy is None:
     return block_cls
-  if remat_policy == "layer":
-    return nn.remat(block_cls)
-  policy = getattr(jax.checkpoint_policies, remat_policy, None)
-  if policy is None:
-    raise ValueError(f"unknown remat_policy {remat_policy!r}: use None, 'layer' or a "
-                     "jax.checkpoint_policies name")
-  return nn.remat(block_cls, policy=policy)
+  return nn.remat(block_cls, policy=checkpoint_policy(remat_policy))
 
 
 class ScanBlock(nn.Module):
