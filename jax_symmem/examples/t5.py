@@ -49,11 +49,12 @@ class T5Config:
 
 
 PRESETS = {
-    # Tests: seconds to trace, plan and compile on 2 CPU cores.
+    # Tests: 25 k parameters; seconds to trace, plan and compile on 2 CPU cores.
     "tiny": T5Config(vocab=128, d_model=32, n_enc_layers=1, n_dec_layers=1, n_heads=2,
                      d_kv=16, d_ff=64, num_buckets=8, max_distance=16, max_src_len=64,
                      max_tgt_len=64),
-    # The CPU benchmark: 2 + 2 layers, d_model 256, vocab 4096.
+    # The CPU benchmark: 2 + 2 layers, d_model 256, vocab 4096; 4.7 M parameters,
+    # 54 MiB with the AdamW state.
     "small": T5Config(vocab=4096, d_model=256, n_enc_layers=2, n_dec_layers=2, n_heads=4,
                       d_kv=64, d_ff=1024, num_buckets=32, max_distance=128, max_src_len=1024,
                       max_tgt_len=512),
