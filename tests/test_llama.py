@@ -2,6 +2,7 @@
 
 import gc
 
+import chex
 from flax import nnx
 import jax
 import numpy as np
@@ -90,6 +91,34 @@ def test_nnx_symmem_flag_matches_jax_jit():
   assert int(optimizer.step[...]) == len(BATCHES)   # the state was written back each call
 
 
+@pytest.mark.parametrize("remat_policy", [
+    "layer", pytest.param(None, marks=pytest.mark.slow)])
+def test_nnx_scanned_layers_symmem_flag_matches_jax_jit(remat_policy):
+  # Layers created with nnx.vmap (stacked weights) and run with nnx.scan, each under
+  # nnx.remat: symmem.jit's losses and parameters are jax.jit's at two (b, s) shapes.
+  initial = llama_nnx.init_state(CFG, seed=0, scan_layers=True, remat_policy=remat_policy)
+  kernel = initial[0].layers.attn.q.kernel
+  assert kernel.shape == (CFG.n_layers, CFG.d_model, CFG.d_model)
+  results = []
+  for use_symmem in (False, True):
+    model, optimizer = nnx.clone(initial)
+    step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=use_symmem,
+                                         max_len=MAX_LEN, max_batch=MAX_BATCH)
+    losses = []
+    for tokens, mask in _batches()[:2]:
+      losses.append(step(model, optimizer, tokens, mask))
+      if use_symmem:
+        assert "fallback" not in step.jitted.last_call, "symmem.jit fell back to jax.jit"
+    results.append((losses, nnx.state((model, optimizer))))
+  chex.assert_trees_all_close(results[1], results[0], rtol=1e-5, atol=1e-6)
+  assert step.jitted.cache_info()["compiles"] == 2
+  tokens, mask = _batches()[0]
+  graphdef, params = nnx.split(model)
+  forward = str(jax.make_jaxpr(lambda p, t: nnx.merge(graphdef, p)(t))(params, tokens))
+  # jax.checkpoint prints as remat
+  assert "scan[" in forward and ("remat" in forward) == (remat_policy is not None)
+
+
 @pytest.mark.slow
 def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_init):
   # A budget between the no-eviction and the lowest modeled peak: a remat round runs,
@@ -111,6 +140,30 @@ def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(l
              else jit_lib.GPU_COMPILER_OPTIONS)
   ref = llama.make_train_step(CFG).lower(state, tokens, mask).compile(compiler_options=options)
   _assert_tree_close(got, ref(state, tokens, mask))
+
+
+@pytest.mark.slow
+def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_options():
+  # As the linen test above, on nnx.scan'ed layers: the remat rounds evict from the
+  # forward/backward scan pair.
+  from jax_symmem._src import jit as jit_lib
+  model, optimizer = llama_nnx.init_state(CFG, seed=0, scan_layers=True)
+  state, (tokens, mask) = nnx.state((model, optimizer)), llama.example_batch(CFG, 4, 64)
+  dims = {"b": 4, "s": 64}
+  probe = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=True, max_len=MAX_LEN,
+                                        max_batch=MAX_BATCH).jitted
+  analysis = probe.analyze(state, tokens, mask)
+  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=True, max_len=MAX_LEN,
+                                       max_batch=MAX_BATCH,
+                                       memory_budget=(min(peaks) + peaks[0]) // 2).jitted
+  got = step(state, tokens, mask)
+  assert "fallback" not in step.last_call and step.last_call["round"] > 0
+  options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
+             else jit_lib.GPU_COMPILER_OPTIONS)
+  plain = llama_nnx.make_nnx_train_step(model, optimizer).jitted
+  ref = plain.lower(state, tokens, mask).compile(compiler_options=options)
+  chex.assert_trees_all_close(got, ref(state, tokens, mask), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("module,remat_policy", [(llama, None), (gpt2, "layer")])

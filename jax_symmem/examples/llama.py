@@ -155,6 +155,18 @@ class Block(nn.Module):
     return x + SwiGLU(cfg, name="mlp")(norm("mlp_norm")(x))
 
 
+def checkpoint_policy(remat_policy: str):
+  """The `jax.checkpoint` policy `remat_policy` names: None (save nothing) for "layer",
+  else the `jax.checkpoint_policies` attribute of that name."""
+  if remat_policy == "layer":
+    return None
+  policy = getattr(jax.checkpoint_policies, remat_policy, None)
+  if policy is None:
+    raise ValueError(f"unknown remat_policy {remat_policy!r}: use None, 'layer' or a "
+                     "jax.checkpoint_policies name")
+  return policy
+
+
 def remat_block(block_cls, remat_policy: str | None):
   """`block_cls` under `nn.remat` as `remat_policy` asks (None: `block_cls` itself).
 
@@ -165,13 +177,7 @@ def remat_block(block_cls, remat_policy: str | None):
   """
   if remat_policy is None:
     return block_cls
-  if remat_policy == "layer":
-    return nn.remat(block_cls)
-  policy = getattr(jax.checkpoint_policies, remat_policy, None)
-  if policy is None:
-    raise ValueError(f"unknown remat_policy {remat_policy!r}: use None, 'layer' or a "
-                     "jax.checkpoint_policies name")
-  return nn.remat(block_cls, policy=policy)
+  return nn.remat(block_cls, policy=checkpoint_policy(remat_policy))
 
 
 class ScanBlock(nn.Module):
@@ -213,28 +219,44 @@ class Llama(nn.Module):
 # --- loss, optimizer, step -------------------------------------------------------------
 
 
+def masked_cross_entropy(logits, labels, weights):
+  """Weighted mean of the cross-entropy of `logits` (..., vocab) against integer `labels`.
+
+  Computed in f32; `weights` (0 or 1 per label, same shape as `labels`) select what
+  counts, and the mean is over their sum (0 when nothing counts).
+  """
+  weights = weights.astype(jnp.float32)
+  nll = optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), labels)
+  return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+
+
 def next_token_loss(logits, tokens, mask):
   """Masked next-token cross-entropy: position t predicts token t+1.
 
   A pair counts when both its positions are real tokens; the loss is the mean
   over counted pairs (0 when there are none).
   """
-  logits = logits[:, :-1].astype(jnp.float32)
   mask = mask.astype(jnp.float32)
-  weights = mask[:, :-1] * mask[:, 1:]
-  nll = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
-  return jnp.sum(nll * weights) / jnp.maximum(jnp.sum(weights), 1.0)
+  return masked_cross_entropy(logits[:, :-1], tokens[:, 1:], mask[:, :-1] * mask[:, 1:])
 
 
 def make_optimizer(learning_rate: float = 1e-3) -> optax.GradientTransformation:
   return optax.adamw(learning_rate, b1=0.9, b2=0.95, weight_decay=0.1)
 
 
-def init_linen_state(model: nn.Module, seed: int = 0, learning_rate: float = 1e-3) -> dict:
-  """{"params", "opt_state"} of a linen LM: the pytree the step takes and returns."""
+def init_linen_state(model: nn.Module, seed: int = 0, learning_rate: float = 1e-3,
+                     example_args: tuple | None = None) -> dict:
+  """{"params", "opt_state"} of a linen model: the pytree the step takes and returns.
+
+  `example_args` are what `model.init` is called with (default: one (1, 2) int32
+  token batch, what a decoder-only LM takes).
+  """
+  if example_args is None:
+    example_args = (jnp.zeros((1, 2), jnp.int32),)
+
   @jax.jit   # op-by-op initialization takes seconds even for the tiny preset
   def init(key):
-    params = model.init(key, jnp.zeros((1, 2), jnp.int32))["params"]
+    params = model.init(key, *example_args)["params"]
     return {"params": params, "opt_state": make_optimizer(learning_rate).init(params)}
   return init(jax.random.PRNGKey(seed))
 
@@ -249,32 +271,47 @@ def step_constraints(max_len: int, max_batch: int) -> tuple[str, ...]:
   return (f"s <= {max_len}", f"b <= {max_batch}", "s >= 2")
 
 
-def jit_step(step: Callable, *, use_symmem: bool, memory_budget=None, max_len: int,
-             max_batch: int):
-  """`jax.jit(step)`, or `symmem.jit` with symbolic (b, s) tokens and mask.
+def jit_polymorphic(step: Callable, *, use_symmem: bool, polymorphic_shapes: tuple,
+                    constraints: tuple[str, ...], memory_budget=None):
+  """`jax.jit(step)`, or `symmem.jit(step)` with these symbolic shapes and constraints.
 
-  The one switch of the training loop: both take and return the same pytrees.
+  The one switch of a training loop: both take and return the same pytrees.
   """
   if not use_symmem:
     return jax.jit(step)
-  return symmem.jit(step, polymorphic_shapes=(None, "b, s", "b, s"),
-                    constraints=step_constraints(max_len, max_batch),
+  return symmem.jit(step, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                     memory_budget=memory_budget)
 
 
-def train_step_fn(model: nn.Module, *, learning_rate: float = 1e-3) -> Callable:
-  """The pure (unjitted) `(state, tokens, mask) -> (state, loss)` AdamW step of a linen LM."""
+def jit_step(step: Callable, *, use_symmem: bool, memory_budget=None, max_len: int,
+             max_batch: int):
+  """`jax.jit(step)`, or `symmem.jit` with symbolic (b, s) tokens and mask."""
+  return jit_polymorphic(step, use_symmem=use_symmem, polymorphic_shapes=(None, "b, s", "b, s"),
+                         constraints=step_constraints(max_len, max_batch),
+                         memory_budget=memory_budget)
+
+
+def adamw_train_step(loss_fn: Callable, *, learning_rate: float = 1e-3) -> Callable:
+  """The pure `(state, *batch) -> (state, loss)` AdamW step of `loss_fn(params, *batch)`.
+
+  `state` is `init_linen_state`'s {"params", "opt_state"}.
+  """
   tx = make_optimizer(learning_rate)
 
-  def train_step(state, tokens, mask):
-    def loss_fn(params):
-      return next_token_loss(model.apply({"params": params}, tokens), tokens, mask)
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"])
+  def train_step(state, *batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], *batch)
     updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
     params = optax.apply_updates(state["params"], updates)
     return {"params": params, "opt_state": opt_state}, loss
 
   return train_step
+
+
+def train_step_fn(model: nn.Module, *, learning_rate: float = 1e-3) -> Callable:
+  """The pure (unjitted) `(state, tokens, mask) -> (state, loss)` AdamW step of a linen LM."""
+  def loss_fn(params, tokens, mask):
+    return next_token_loss(model.apply({"params": params}, tokens), tokens, mask)
+  return adamw_train_step(loss_fn, learning_rate=learning_rate)
 
 
 def make_train_step(cfg: LlamaConfig, *, learning_rate: float = 1e-3,

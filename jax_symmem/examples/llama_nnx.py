@@ -7,7 +7,7 @@ into a static graph definition and a state pytree, jits a pure
 and writes the new state back into the objects after each call: the loop reads
 as an ordinary NNX loop.
 
-    model, optimizer = init_state(cfg, seed=0)
+    model, optimizer = init_state(cfg, seed=0)     # scan_layers=True: nnx.vmap / nnx.scan layers
     step = make_nnx_train_step(model, optimizer, use_symmem=True)   # or use_symmem=False
     for tokens, mask in batches:
       loss = step(model, optimizer, tokens, mask)                   # updates both in place
@@ -85,12 +85,26 @@ class Block(nnx.Module):
 
 
 class Llama(nnx.Module):
+  """`scan_layers=True` creates the layers with `nnx.vmap` over split rngs (each
+  weight stacked on a leading (n_layers,) axis) and runs them with `nnx.scan`.
+  `remat_policy` (None, "layer" or a `jax.checkpoint_policies` name, as in
+  `llama.make_train_step`) wraps each layer's call in `nnx.remat`."""
 
-  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-    self.cfg = cfg
+  def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs, *, scan_layers: bool = False,
+               remat_policy: str | None = None):
+    self.cfg, self.scan_layers, self.remat_policy = cfg, scan_layers, remat_policy
+    if remat_policy is not None:
+      llama.checkpoint_policy(remat_policy)   # an unknown name fails here, not at the first call
     self.embed = nnx.Embed(cfg.vocab, cfg.d_model, rngs=rngs, **llama.layer_dtypes(cfg),
                            embedding_init=nnx.initializers.normal(0.02))
-    self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
+    if scan_layers:
+      @nnx.split_rngs(splits=cfg.n_layers)
+      @nnx.vmap(in_axes=(0,), out_axes=0)
+      def create_blocks(rngs: nnx.Rngs):
+        return Block(cfg, rngs)
+      self.layers = create_blocks(rngs)
+    else:
+      self.layers = nnx.List([Block(cfg, rngs) for _ in range(cfg.n_layers)])
     self.final_norm = RMSNorm(cfg.d_model, cfg)
     self.lm_head = _linear(cfg, rngs, cfg.d_model, cfg.vocab)
 
@@ -98,14 +112,27 @@ class Llama(nnx.Module):
     cfg = self.cfg
     x = self.embed(tokens)
     cos, sin = llama.rotary_tables(tokens.shape[1], cfg.d_head, cfg.rope_theta)
-    for block in self.layers:
-      x = block(x, cos, sin)
+
+    def apply_block(block, x, cos, sin):
+      return block(x, cos, sin)
+    if self.remat_policy is not None:
+      apply_block = nnx.remat(apply_block, policy=llama.checkpoint_policy(self.remat_policy))
+
+    if self.scan_layers:
+      @nnx.scan(in_axes=(nnx.Carry, 0, None, None), out_axes=nnx.Carry)
+      def run_layers(x, block, cos, sin):
+        return apply_block(block, x, cos, sin)
+      x = run_layers(x, self.layers, cos, sin)
+    else:
+      for block in self.layers:
+        x = apply_block(block, x, cos, sin)
     return self.lm_head(self.final_norm(x))
 
 
-def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3):
-  """(model, optimizer): a fresh model and its AdamW optimizer."""
-  model = Llama(cfg, nnx.Rngs(seed))
+def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3, *,
+               scan_layers: bool = False, remat_policy: str | None = None):
+  """(model, optimizer): a fresh model (options as in `Llama`) and its AdamW optimizer."""
+  model = Llama(cfg, nnx.Rngs(seed), scan_layers=scan_layers, remat_policy=remat_policy)
   return model, nnx.Optimizer(model, llama.make_optimizer(learning_rate), wrt=nnx.Param)
 
 
