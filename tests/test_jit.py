@@ -15,6 +15,7 @@ from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import tracing
 from jax_symmem.examples import transformer
+from tests import budgets
 
 CFG = transformer.Config(vocab=61, d_model=32, n_heads=2, d_ff=64, n_layers=2)
 CONSTRAINTS = ("s >= 2", "b <= 4", "s <= 128")
@@ -49,27 +50,14 @@ def test_matches_jax_jit_without_budget_and_caches_per_shape():
   assert info["compiles"] == 3 and info["hits"] == 1 and info["fallback_calls"] == 0
 
 
-def _xla_bytes(analysis, k, dims, args):
-  """XLA's footprint of round k at dims, compiled as symmem.jit compiles under a budget."""
-  env = analysis.graph.constraints.complete(dims)
-  program = tracing.specialize_program(analysis.rounds[k].program, env)
-  order = analysis.round_order(k, dims)
-  exe = jax.jit(lambda *a: tuple(interpret.run(program, a, order))).lower(
-      *jax.tree_util.tree_leaves(args)).compile(compiler_options=jit_lib.CPU_COMPILER_OPTIONS)
-  ma = exe.memory_analysis()
-  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-          - ma.alias_size_in_bytes)
-
-
 def test_tight_budget_activates_regions_and_keeps_the_numbers():
   dims = {"b": 4, "s": 128}
   probe = _budgeted_step(None)
   lowest, unoptimized, analysis = _min_and_max_peaks(probe, dims)
   args = transformer.example_args(CFG, 4, 128)
   # Between the model's extremes, but never below what XLA reaches with every round.
-  last = len(analysis.rounds) - 1
-  budget = max((lowest + unoptimized) // 2, int(1.02 * _xla_bytes(analysis, last, dims, args)))
-  assert budget < _xla_bytes(analysis, 0, dims, args)
+  budget = budgets.tight_budget(analysis, dims, args)
+  assert budget < budgets.xla_bytes(analysis, 0, dims, args)
   step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                     constraints=CONSTRAINTS, memory_budget=budget)
   del probe
@@ -83,7 +71,7 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   exe = step._executables[key]
   assert "opt-barrier" in exe.as_text()
   # ... with less memory than round 0 compiled the same way (which the budget excludes).
-  assert step.last_call["xla_bytes"] <= budget < _xla_bytes(analysis, 0, dims, args)
+  assert step.last_call["xla_bytes"] <= budget < budgets.xla_bytes(analysis, 0, dims, args)
   # Short batches need no eviction, and far below the budget compile as jax.jit would.
   small = transformer.example_args(CFG, 1, 8)
   step(*small)

@@ -13,6 +13,7 @@ from jax_symmem.examples import batching
 from jax_symmem.examples import gpt2
 from jax_symmem.examples import llama
 from jax_symmem.examples import llama_nnx
+from tests import budgets
 
 CFG = llama.PRESETS["tiny"]
 # Three steps at two shapes: a second shape compiles, the repeat is a cache hit.
@@ -130,12 +131,12 @@ def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(l
   dims = {"b": 4, "s": 64}
   probe = llama.make_train_step(CFG, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH)
   analysis = probe.analyze(state, tokens, mask)
-  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
-  step = llama.make_train_step(CFG, use_symmem=True, memory_budget=(min(peaks) + peaks[0]) // 2,
+  step = llama.make_train_step(CFG, use_symmem=True,
+                               memory_budget=budgets.tight_budget(analysis, dims,
+                                                                  (state, tokens, mask)),
                                max_len=MAX_LEN, max_batch=MAX_BATCH)
   got = step(state, tokens, mask)
-  (key,) = step._executables
-  assert key[2] > 0 and step.cache_info()["fallback_calls"] == 0
+  assert step.last_call["round"] > 0 and step.cache_info()["fallback_calls"] == 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
              else jit_lib.GPU_COMPILER_OPTIONS)
   ref = llama.make_train_step(CFG).lower(state, tokens, mask).compile(compiler_options=options)
@@ -153,10 +154,9 @@ def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_opt
   probe = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=True, max_len=MAX_LEN,
                                         max_batch=MAX_BATCH).jitted
   analysis = probe.analyze(state, tokens, mask)
-  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
-  step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=True, max_len=MAX_LEN,
-                                       max_batch=MAX_BATCH,
-                                       memory_budget=(min(peaks) + peaks[0]) // 2).jitted
+  step = llama_nnx.make_nnx_train_step(
+      model, optimizer, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH,
+      memory_budget=budgets.tight_budget(analysis, dims, (state, tokens, mask))).jitted
   got = step(state, tokens, mask)
   assert "fallback" not in step.last_call and step.last_call["round"] > 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"

@@ -8,6 +8,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem.examples import t5
+from tests import budgets
 
 CFG = t5.PRESETS["tiny"]
 # (b, s, t): two shapes with s != t, one with s > t and one with s < t.
@@ -85,9 +86,8 @@ def test_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(init):
   batch, dims = t5.example_batch(CFG, 4, 40, 24), {"b": 4, "s": 40, "t": 24}
   probe = t5.make_train_step(CFG, use_symmem=True, max_batch=MAX_BATCH)
   analysis = probe.analyze(init, *batch)
-  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
   step = t5.make_train_step(CFG, use_symmem=True, max_batch=MAX_BATCH,
-                            memory_budget=(min(peaks) + peaks[0]) // 2)
+                            memory_budget=budgets.tight_budget(analysis, dims, (init, *batch)))
   got = step(init, *batch)
   assert "fallback" not in step.last_call and step.last_call["round"] > 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
