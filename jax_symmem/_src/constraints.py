@@ -14,6 +14,7 @@ Constraints are written as jax.export writes them: `"s <= 4096"`, `"b >= 2"`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -132,7 +133,12 @@ def _solve_for_var(diff: Poly, prefer: Sequence[str]) -> tuple[str, Poly] | None
 
 
 def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = ()) -> Constraints:
-  """Normalizes user constraints over `variables` (each implicitly >= 1)."""
+  """Normalizes user constraints over `variables` (each implicitly >= 1).
+
+  The normalization depends on the constraint strings alone and is cached by
+  them; `variables` only adds `1 <= v` bounds for dims the constraints do not
+  mention.
+  """
   if isinstance(constraints, Constraints):
     if not variables:
       return constraints
@@ -148,9 +154,24 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
   for c in source:
     if not isinstance(c, str):
       raise ConstraintError(f"each constraint must be a string, got {c!r}")
+  return _with_variables(normalize(source), variables)
 
+
+def _with_variables(cons: Constraints, variables: Iterable[str]) -> Constraints:
+  """`cons` with the bound [1, inf) for each of `variables` it does not mention."""
+  known = cons.bounds_map
+  extra = [v for v in set(variables) if v not in known and v not in cons.eliminated]
+  if not extra:
+    return cons
+  bounds = tuple(sorted(cons.bounds + tuple((v, 1, None) for v in extra)))
+  return dataclasses.replace(cons, bounds=bounds)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def normalize(source: tuple[str, ...]) -> Constraints:
+  """The normalized form of the constraint strings `source` (cached by the strings)."""
   relations = [(c,) + _split(c) for c in source]
-  all_vars = set(variables)
+  all_vars: set[str] = set()
   for _, lhs, _, rhs in relations:
     all_vars |= lhs.variables() | rhs.variables()
 
@@ -175,12 +196,19 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
       v, q = solved
       subs = {w: _substitute_deep(p, {Var(v): q}) for w, p in subs.items()}
       subs[v] = q
+    elif rel == ">=":
+      ineqs.append((c, lhs - rhs))
+    elif rel == ">":
+      ineqs.append((c, lhs - rhs - 1))
+    elif rel == "<=":
+      ineqs.append((c, rhs - lhs))
     else:
-      ge = {">=": lhs - rhs, ">": lhs - rhs - 1, "<=": rhs - lhs, "<": rhs - lhs - 1}[rel]
-      ineqs.append((c, ge))
-  # Every original dimension is >= 1, eliminated ones included.
+      ineqs.append((c, rhs - lhs - 1))
+  # Every original dimension is >= 1. For one that stays free that is the
+  # starting bound below; an eliminated one constrains its substitute.
   for v in sorted(all_vars):
-    ineqs.append((f"{v} >= 1", Poly.var(v) - 1))
+    if v in subs:
+      ineqs.append((f"{v} >= 1", Poly.var(v) - 1))
 
   # 2. Inequalities linear in one variable become bounds; the rest stay general.
   free_vars = sorted((all_vars - subs.keys()) | {w for q in subs.values() for w in q.variables()})

@@ -15,6 +15,7 @@ import jax
 from jax import export
 from jax._src.export import shape_poly
 
+from jax_symmem._src import parse as parse_lib
 from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly
 
@@ -57,9 +58,16 @@ def to_poly(d: DimLike) -> Poly:
 
 
 def parse(expr: str) -> Poly:
-  """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)")."""
+  """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)").
+
+  Plain polynomials take the fast parser (`parse.py`, the same Poly); anything
+  else, errors included, goes through jax.export itself.
+  """
   if not isinstance(expr, str):
     raise TypeError(f"expected a string, got {expr!r}")
+  fast = parse_lib.parse_polynomial(expr)
+  if fast is not None:
+    return fast
   try:
     dims = export.symbolic_shape(expr)
   except Exception as e:  # JAX raises ValueError with its own parse message.

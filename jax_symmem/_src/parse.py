@@ -1,0 +1,125 @@
+"""A fast parser for the plain-polynomial subset of jax.export's dimension syntax.
+
+`jax.export.symbolic_shape` parses through Python's `tokenize` and builds a
+`_DimExpr` that `jax_dims.to_poly` then converts: about 100 µs for a size such
+as "4*b*s^2 + 8*b*s", most of what a cold `symbolic.compare` on strings cost.
+This module reads the same grammar, restricted to plain polynomials, straight
+into a `Poly`:
+
+    expr   := ["+" | "-"] term (("+" | "-") term)*
+    term   := power ("*" power)*
+    power  := factor ["^" INT]
+    factor := NAME | INT | "-" INT
+
+with INT a run of ASCII digits without leading zeros, NAME an ASCII identifier
+other than "_" and the operation names (floordiv, mod, max, min), and spaces
+anywhere between tokens. These are jax.export's own rules (its factor allows a
+negative integer literal, `-2^2` at the start of an expression is `-(2^2)`,
+`b*-2^2` is `b*((-2)^2)`, exponents apply to one factor); jax.export has no
+grouping parentheses and no `**`.
+
+`parse_polynomial` returns None for anything outside that subset: operations,
+parentheses, commas, other whitespace, other numerals ("1_000", "0x10"),
+non-ASCII names, and every string jax.export would reject. The caller then
+parses with jax.export, so results and error messages stay exactly jax.export's
+(tests/test_parse.py checks both routes agree on a fuzzed corpus).
+"""
+
+from __future__ import annotations
+
+import re
+
+from jax_symmem._src.poly import Poly, Var
+
+_ALLOWED = re.compile(r"[A-Za-z0-9_ +\-*^]+")
+_TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[-+*^]")
+# Names jax.export reads as operations (or as the "_" placeholder) rather than variables.
+_RESERVED = frozenset(("_", "floordiv", "mod", "max", "min"))
+
+_vars: dict[str, Var] = {}
+
+
+def _var(name: str) -> Var:
+  v = _vars.get(name)
+  if v is None:
+    if len(_vars) > 4096:
+      _vars.clear()
+    v = _vars[name] = Var(name)
+  return v
+
+
+class _Defer(Exception):
+  """The string is outside the fast subset: let jax.export parse it."""
+
+
+def _int(tok: str) -> int:
+  if not tok.isdigit() or (tok[0] == "0" and len(tok) > 1):
+    raise _Defer
+  return int(tok)
+
+
+def parse_polynomial(expr: str) -> Poly | None:
+  """The Poly jax.export would give for `expr`, or None to defer to jax.export."""
+  if not _ALLOWED.fullmatch(expr):
+    return None
+  toks = _TOKEN.findall(expr)
+  if not toks or sum(map(len, toks)) != len(expr) - expr.count(" "):
+    return None
+  try:
+    terms = _expression(toks)
+  except (_Defer, IndexError):
+    return None
+  # The canonical order of `Poly.from_dict` (poly._mono_key), computed from the names.
+  keyed = sorted(
+      ((-sum(e for _, e in mono), tuple(((0, n), -e) for n, e in mono)), mono, c)
+      for mono, c in terms.items() if c)
+  return Poly(tuple((tuple((_var(n), e) for n, e in mono), c) for _, mono, c in keyed))
+
+
+def _expression(toks: list[str]) -> dict[tuple[tuple[str, int], ...], int]:
+  """Sum of terms as {((name, exponent), ... sorted by name): coefficient}."""
+  n = len(toks)
+  i = 0
+  negate = toks[0] == "-"
+  if toks[0] in "+-":
+    i = 1
+  out: dict[tuple[tuple[str, int], ...], int] = {}
+  while True:
+    coeff = 1
+    exps: dict[str, int] = {}
+    while True:   # one term: factors joined by "*"
+      tok = toks[i]
+      if tok == "-":   # a negative integer literal
+        i += 1
+        value = -_int(toks[i])
+        name = None
+      elif tok[0].isdigit():
+        value, name = _int(tok), None
+      elif tok[0].isalpha() or tok[0] == "_":
+        if tok in _RESERVED:
+          raise _Defer
+        value, name = None, tok
+      else:
+        raise _Defer
+      i += 1
+      power = 1
+      if i < n and toks[i] == "^":
+        power = _int(toks[i + 1])
+        i += 2
+      if name is None:
+        coeff *= value ** power
+      elif power:
+        exps[name] = exps.get(name, 0) + power
+      if i == n or toks[i] in "+-":
+        break
+      if toks[i] != "*":
+        raise _Defer
+      i += 1
+    mono = tuple(sorted(exps.items()))
+    out[mono] = out.get(mono, 0) + (-coeff if negate else coeff)
+    if i == n:
+      return out
+    negate = toks[i] == "-"
+    i += 1
+    if i == n:
+      raise _Defer
