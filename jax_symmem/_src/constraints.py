@@ -167,6 +167,33 @@ def _with_variables(cons: Constraints, variables: Iterable[str]) -> Constraints:
   return dataclasses.replace(cons, bounds=bounds)
 
 
+def _greater_equal_zero(lhs: Poly, rel: str, rhs: Poly) -> Poly:
+  """`lhs rel rhs` as `p >= 0` (integers: `>` is `>= 1`)."""
+  if rel == ">=":
+    return lhs - rhs
+  if rel == ">":
+    return lhs - rhs - 1
+  if rel == "<=":
+    return rhs - lhs
+  return rhs - lhs - 1
+
+
+def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None:
+  """For `var rel int` or `int rel var`: (var, a, c0) with the relation `a*var + c0 >= 0`, a = +-1."""
+  for var_side, const_side, sign in ((lhs, rhs, 1), (rhs, lhs, -1)):
+    if len(var_side.terms) != 1 or not const_side.is_constant():
+      continue
+    mono, coeff = var_side.terms[0]
+    if coeff != 1 or len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], Var):
+      continue
+    n = const_side.constant
+    if rel in ("<=", "<"):
+      sign = -sign
+    # sign * (var - n) >= 0, and one more for a strict relation
+    return mono[0][0].name, sign, -sign * n - (rel in (">", "<"))
+  return None
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def normalize(source: tuple[str, ...]) -> Constraints:
   """The normalized form of the constraint strings `source` (cached by the strings)."""
@@ -196,14 +223,8 @@ def normalize(source: tuple[str, ...]) -> Constraints:
       v, q = solved
       subs = {w: _substitute_deep(p, {Var(v): q}) for w, p in subs.items()}
       subs[v] = q
-    elif rel == ">=":
-      ineqs.append((c, lhs - rhs))
-    elif rel == ">":
-      ineqs.append((c, lhs - rhs - 1))
-    elif rel == "<=":
-      ineqs.append((c, rhs - lhs))
     else:
-      ineqs.append((c, rhs - lhs - 1))
+      ineqs.append((c, _simple_bound(lhs, rel, rhs) or _greater_equal_zero(lhs, rel, rhs)))
   # Every original dimension is >= 1. For one that stays free that is the
   # starting bound below; an eliminated one constrains its substitute.
   for v in sorted(all_vars):
@@ -216,6 +237,15 @@ def normalize(source: tuple[str, ...]) -> Constraints:
   hi: dict[str, int | None] = {v: None for v in free_vars}
   general: list[Poly] = []
   for c, p in ineqs:
+    if isinstance(p, tuple):   # a*v + c0 >= 0 for a free v: no algebra needed
+      v, a, c0 = p
+      if v not in subs:
+        if a > 0:
+          lo[v] = max(lo[v], -c0)
+        else:
+          hi[v] = c0 if hi[v] is None else min(hi[v], c0)
+        continue
+      p = a * Poly.var(v) + c0
     p = reduce(p)
     if p.is_constant():
       if p.constant < 0:

@@ -32,6 +32,7 @@ import re
 from jax_symmem._src.poly import Poly, Var
 
 _ALLOWED = re.compile(r"[A-Za-z0-9_ +\-*^]+")
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[-+*^]")
 # Names jax.export reads as operations (or as the "_" placeholder) rather than variables.
 _RESERVED = frozenset(("_", "floordiv", "mod", "max", "min"))
@@ -60,6 +61,10 @@ def _int(tok: str) -> int:
 
 def parse_polynomial(expr: str) -> Poly | None:
   """The Poly jax.export would give for `expr`, or None to defer to jax.export."""
+  if expr.isdigit() and expr.isascii() and (expr[0] != "0" or len(expr) == 1):
+    return Poly.const(int(expr))   # the common constraint sides: "4096", "s"
+  if _NAME.fullmatch(expr) and expr not in _RESERVED:
+    return Poly(((((_var(expr), 1),), 1),))
   if not _ALLOWED.fullmatch(expr):
     return None
   toks = _TOKEN.findall(expr)
