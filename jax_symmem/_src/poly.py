@@ -91,9 +91,19 @@ def _apply(op: str, a: int, b: int) -> int:
   return min(a, b)
 
 
+_MONO_KEYS: dict = {}
+
+
 def _mono_key(m: Monomial) -> tuple:
   # Higher degree first, then atoms; gives the familiar "s^2 + 3*s + 1" order.
-  return (-sum(e for _, e in m), tuple((a.sort_key, -e) for a, e in m))
+  # The constant monomial () sorts last. Memoized: sorting terms is most of Poly arithmetic.
+  try:
+    return _MONO_KEYS[m]
+  except KeyError:
+    if len(_MONO_KEYS) >= 1 << 16:
+      _MONO_KEYS.clear()
+    k = _MONO_KEYS[m] = (-sum(e for _, e in m), tuple((a.sort_key, -e) for a, e in m))
+    return k
 
 
 def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
@@ -105,6 +115,15 @@ def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
   for a, e in m2:
     exps[a] = exps.get(a, 0) + e
   return tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
+
+
+def _mul_terms(t1, t2) -> dict[Monomial, int]:
+  d: dict[Monomial, int] = {}
+  for m1, c1 in t1:
+    for m2, c2 in t2:
+      m = _mono_mul(m1, m2)
+      d[m] = d.get(m, 0) + c1 * c2
+  return d
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -129,7 +148,8 @@ class Poly:
   @staticmethod
   def from_dict(coeffs: Mapping[Monomial, int]) -> "Poly":
     items = [(m, int(c)) for m, c in coeffs.items() if c != 0]
-    items.sort(key=lambda mc: _mono_key(mc[0]))
+    if len(items) > 1:
+      items.sort(key=lambda mc: _mono_key(mc[0]))
     return Poly(tuple(items))
 
   @staticmethod
@@ -201,23 +221,41 @@ class Poly:
 
   def substitute(self, mapping: Mapping[Atom, "Poly"]) -> "Poly":
     """Replaces atoms by polynomials (atoms not in `mapping` stay)."""
-    out = ZERO
+    out: dict[Monomial, int] = {}
     for m, c in self.terms:
-      t = Poly.const(c)
+      t: dict[Monomial, int] = {(): c}
       for a, e in m:
-        t = t * (mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),)))
-      out = out + t
-    return out
+        factor = mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),))
+        t = _mul_terms(t.items(), factor.terms)
+      for mono, coeff in t.items():
+        out[mono] = out.get(mono, 0) + coeff
+    return Poly.from_dict(out)
 
   # --- arithmetic ---------------------------------------------------------
   def __add__(self, other: "PolyLike") -> "Poly":
     other = Poly.lift(other)
+    if not other.terms:
+      return self
+    if not self.terms:
+      return other
+    if len(other.terms) == 1 and not other.terms[0][0]:   # + constant: the last term
+      return self._plus_constant(other.terms[0][1])
+    if len(self.terms) == 1 and not self.terms[0][0]:
+      return other._plus_constant(self.terms[0][1])
     d = dict(self.terms)
     for m, c in other.terms:
       d[m] = d.get(m, 0) + c
     return Poly.from_dict(d)
 
   __radd__ = __add__
+
+  def _plus_constant(self, k: int) -> "Poly":
+    # The constant monomial () sorts last (see _mono_key): no re-sort needed.
+    terms = self.terms
+    if terms[-1][0]:
+      return Poly(terms + (((), k),))
+    c = terms[-1][1] + k
+    return Poly(terms[:-1] + ((((), c),) if c else ()))
 
   def __neg__(self) -> "Poly":
     return Poly(tuple((m, -c) for m, c in self.terms))
@@ -230,12 +268,11 @@ class Poly:
 
   def __mul__(self, other: "PolyLike") -> "Poly":
     other = Poly.lift(other)
-    d: dict[Monomial, int] = {}
-    for m1, c1 in self.terms:
-      for m2, c2 in other.terms:
-        m = _mono_mul(m1, m2)
-        d[m] = d.get(m, 0) + c1 * c2
-    return Poly.from_dict(d)
+    for x, y in ((self, other), (other, self)):
+      if len(y.terms) == 1 and not y.terms[0][0]:   # times a nonzero constant: same order
+        k = y.terms[0][1]
+        return x if k == 1 else Poly(tuple((m, c * k) for m, c in x.terms))
+    return Poly.from_dict(_mul_terms(self.terms, other.terms))
 
   __rmul__ = __mul__
 
