@@ -30,6 +30,9 @@ class Var:
   """A dimension variable, an integer >= 1 unless constraints say more."""
   name: str
 
+  def __hash__(self) -> int:   # cheaper than the generated hash((name,)); equality is by name
+    return hash(self.name)
+
   @functools.cached_property
   def sort_key(self) -> tuple:
     return (0, self.name)
@@ -194,14 +197,24 @@ class Poly:
     return 0
 
   def atoms(self) -> frozenset[Atom]:
-    return frozenset(a for m, _ in self.terms for a, _ in m)
+    try:
+      return self.__dict__["_atoms"]
+    except KeyError:
+      out = frozenset(a for m, _ in self.terms for a, _ in m)
+      object.__setattr__(self, "_atoms", out)
+      return out
 
   def variables(self) -> frozenset[str]:
     """All dimension variable names, including those inside operation atoms."""
-    out: set[str] = set()
-    for a in self.atoms():
-      out |= a.variables()
-    return frozenset(out)
+    try:
+      return self.__dict__["_variables"]
+    except KeyError:
+      names: set[str] = set()
+      for a in self.atoms():
+        names |= a.variables()
+      out = frozenset(names)
+      object.__setattr__(self, "_variables", out)
+      return out
 
   def degree(self) -> int:
     return max((sum(e for _, e in m) for m, _ in self.terms), default=0)
