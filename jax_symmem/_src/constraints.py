@@ -159,8 +159,11 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
 
 def _with_variables(cons: Constraints, variables: Iterable[str]) -> Constraints:
   """`cons` with the bound [1, inf) for each of `variables` it does not mention."""
-  known = cons.bounds_map
-  extra = [v for v in set(variables) if v not in known and v not in cons.eliminated]
+  extra = set(variables)
+  if not extra:
+    return cons
+  extra.difference_update(v for v, _, _ in cons.bounds)
+  extra.difference_update(v for v, _ in cons.substitutions)
   if not extra:
     return cons
   bounds = tuple(sorted(cons.bounds + tuple((v, 1, None) for v in extra)))

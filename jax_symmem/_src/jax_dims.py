@@ -47,13 +47,19 @@ def to_poly(d: DimLike) -> Poly:
   if isinstance(d, str):
     return parse(d)
   if isinstance(d, DimExpr):
-    out = poly_lib.ZERO
+    # One dict of monomials, sorted once (Poly arithmetic per factor re-sorts every step).
+    out: dict = {}
     for term, coeff in d._sorted_terms:
-      t = Poly.const(coeff)
+      t = {(): coeff}
       for factor, exp in term._factors:
-        t = t * (_factor_to_poly(factor) ** exp)
-      out = out + t
-    return out
+        if factor.var is not None:
+          f_terms = ((((poly_lib.Var(factor.var), exp),), 1),)
+        else:
+          f_terms = (_factor_to_poly(factor) ** exp).terms
+        t = poly_lib._mul_terms(t.items(), f_terms)
+      for m, c in t.items():
+        out[m] = out.get(m, 0) + c
+    return Poly.from_dict(out)
   return Poly.lift(d)
 
 
