@@ -181,6 +181,17 @@ def _greater_equal_zero(lhs: Poly, rel: str, rhs: Poly) -> Poly:
   return rhs - lhs - 1
 
 
+def _linear_in_one_var(p: Poly) -> tuple[str, int, int] | None:
+  """(v, a, c0) if p == a*v + c0 for one variable v, else None."""
+  terms = p.terms
+  if not terms or len(terms) > 2 or (len(terms) == 2 and terms[1][0]):
+    return None
+  mono, a = terms[0]
+  if len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], Var):
+    return None
+  return mono[0][0].name, a, (terms[1][1] if len(terms) == 2 else 0)
+
+
 def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None:
   """For `var rel int` or `int rel var`: (var, a, c0) with the relation `a*var + c0 >= 0`, a = +-1."""
   for var_side, const_side, sign in ((lhs, rhs, 1), (rhs, lhs, -1)):
@@ -232,7 +243,7 @@ def normalize(source: tuple[str, ...]) -> Constraints:
   # starting bound below; an eliminated one constrains its substitute.
   for v in sorted(all_vars):
     if v in subs:
-      ineqs.append((f"{v} >= 1", Poly.var(v) - 1))
+      ineqs.append((f"{v} >= 1", (v, 1, -1)))
 
   # 2. Inequalities linear in one variable become bounds; the rest stay general.
   free_vars = sorted((all_vars - subs.keys()) | {w for q in subs.values() for w in q.variables()})
@@ -240,24 +251,25 @@ def normalize(source: tuple[str, ...]) -> Constraints:
   hi: dict[str, int | None] = {v: None for v in free_vars}
   general: list[Poly] = []
   for c, p in ineqs:
-    if isinstance(p, tuple):   # a*v + c0 >= 0 for a free v: no algebra needed
+    linear = None
+    if isinstance(p, tuple):   # a*v + c0 >= 0 with a = +-1: no algebra needed
       v, a, c0 = p
-      if v not in subs:
-        if a > 0:
-          lo[v] = max(lo[v], -c0)
-        else:
-          hi[v] = c0 if hi[v] is None else min(hi[v], c0)
+      q = subs.get(v)
+      if q is None:
+        linear = p
+      elif (w := _linear_in_one_var(q)) is not None:   # v == alpha*w + beta
+        linear = (w[0], a * w[1], a * w[2] + c0)
+      else:
+        p = a * Poly.var(v) + c0
+    if linear is None:
+      p = reduce(p)
+      if p.is_constant():
+        if p.constant < 0:
+          raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
         continue
-      p = a * Poly.var(v) + c0
-    p = reduce(p)
-    if p.is_constant():
-      if p.constant < 0:
-        raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
-      continue
-    if p.degree() == 1 and len(p.atoms()) == 1 and isinstance(next(iter(p.atoms())), Var):
-      (v,) = p.variables()
-      a = p.as_dict()[((Var(v), 1),)]
-      c0 = p.constant
+      linear = _linear_in_one_var(p)
+    if linear is not None:
+      v, a, c0 = linear
       if a > 0:   # a*v + c0 >= 0  ->  v >= ceil(-c0 / a)
         lo[v] = max(lo[v], -((c0) // a))
       else:       # v <= floor(c0 / -a)
