@@ -222,13 +222,20 @@ class Poly:
   def evaluate(self, env: Mapping[str, int]) -> int:
     """Exact value at concrete dims (Python ints, never overflows)."""
     total = 0
-    cache: dict[Atom, int] = {}
+    ops: dict[Atom, int] = {}   # each operation atom evaluated once
     for m, c in self.terms:
       v = c
       for a, e in m:
-        if a not in cache:
-          cache[a] = a.evaluate(env)
-        v *= cache[a] ** e
+        if type(a) is Var:
+          try:
+            x = int(env[a.name])
+          except KeyError:
+            raise KeyError(f"no value given for dimension {a.name!r}") from None
+        else:
+          x = ops.get(a)
+          if x is None:
+            x = ops[a] = a.evaluate(env)
+        v *= x if e == 1 else x ** e
       total += v
     return total
 
