@@ -92,3 +92,25 @@ def test_errors_are_raised_every_time():
   for _ in range(2):
     with pytest.raises(ConstraintError, match="contradict"):
       parse_constraints(("s >= 10", "s <= 5"), ["s"])
+
+
+_MIRROR = {"<=": ">=", ">=": "<=", "<": ">", ">": "<"}
+
+
+@pytest.mark.parametrize("rel", ["<=", ">=", "<", ">"])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 4096])
+@pytest.mark.parametrize("eliminated", [False, True])
+def test_plain_bounds_match_the_algebra(rel, n, eliminated):
+  # "s <= 4096" takes a shortcut (no parsing, no polynomial algebra); the same relation
+  # written so that it needs the parser and the algebra must normalize identically.
+  extra = ("s == 4*k",) if eliminated else ()
+  routes = [(f"s {rel} {n}",), (f" s{rel}{n} ",), (f"s {rel} {n} + 0",), (f"{n} {_MIRROR[rel]} s",),
+            (f"s - {n} {rel} 0",), (f"2*s {rel} 2*{n}",)]
+  results = []
+  for route in routes:
+    try:
+      c = parse_constraints(extra + route, ["s"])
+      results.append((c.bounds, c.substitutions, c.inequalities))
+    except ConstraintError as e:
+      results.append(str(e).split(":")[0][:20])   # which kind of contradiction
+  assert all(r == results[0] for r in results), (rel, n, eliminated, results)

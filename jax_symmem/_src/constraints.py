@@ -19,10 +19,13 @@ import re
 from typing import Iterable, Mapping, Sequence, Union
 
 from jax_symmem._src import jax_dims
+from jax_symmem._src import parse as parse_lib
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.poly import Poly, Var
 
 _RELATION = re.compile(r"(==|>=|<=|>|<)")
+# "var REL int" written plainly: what the parsing and `_simple_bound` would give, directly.
+_VAR_REL_INT = re.compile(r" *([A-Za-z_][A-Za-z0-9_]*) *(<=|>=|<|>) *([1-9][0-9]*|0) *")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -211,10 +214,17 @@ def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None
 @functools.lru_cache(maxsize=1 << 12)
 def normalize(source: tuple[str, ...]) -> Constraints:
   """The normalized form of the constraint strings `source` (cached by the strings)."""
-  relations = [(c,) + _split(c) for c in source]
+  relations = []
   all_vars: set[str] = set()
-  for _, lhs, _, rhs in relations:
-    all_vars |= lhs.variables() | rhs.variables()
+  for c in source:
+    m = _VAR_REL_INT.fullmatch(c)
+    if m and m.group(1) not in parse_lib.RESERVED:   # "s <= 4096": no parsing, no algebra
+      relations.append((c, None, m.group(2), m.group(1, 3)))
+      all_vars.add(m.group(1))
+    else:
+      lhs, rel, rhs = _split(c)
+      relations.append((c, lhs, rel, rhs))
+      all_vars |= lhs.variables() | rhs.variables()
 
   # 1. Equalities become substitutions, applied to each other as they come.
   subs: dict[str, Poly] = {}
@@ -222,7 +232,11 @@ def normalize(source: tuple[str, ...]) -> Constraints:
     return _substitute_deep(p, {Var(v): q for v, q in subs.items()}) if subs else p
   ineqs: list[tuple[str, Poly]] = []
   for c, lhs, rel, rhs in relations:
-    if rel == "==":
+    if lhs is None:
+      name, n = rhs
+      sign = 1 if rel[0] == ">" else -1
+      ineqs.append((c, (name, sign, -sign * int(n) - (len(rel) == 1))))
+    elif rel == "==":
       diff = reduce(lhs - rhs)
       if diff.is_constant():
         if diff.constant != 0:

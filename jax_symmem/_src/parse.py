@@ -35,7 +35,7 @@ _ALLOWED = re.compile(r"[A-Za-z0-9_ +\-*^]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[-+*^]")
 # Names jax.export reads as operations (or as the "_" placeholder) rather than variables.
-_RESERVED = frozenset(("_", "floordiv", "mod", "max", "min"))
+RESERVED = frozenset(("_", "floordiv", "mod", "max", "min"))
 
 _vars: dict[str, Var] = {}
 
@@ -63,22 +63,57 @@ def parse_polynomial(expr: str) -> Poly | None:
   """The Poly jax.export would give for `expr`, or None to defer to jax.export."""
   if expr.isdigit() and expr.isascii() and (expr[0] != "0" or len(expr) == 1):
     return Poly.const(int(expr))   # the common constraint sides: "4096", "s"
-  if _NAME.fullmatch(expr) and expr not in _RESERVED:
+  if _NAME.fullmatch(expr) and expr not in RESERVED:
     return Poly(((((_var(expr), 1),), 1),))
-  if not _ALLOWED.fullmatch(expr):
+  if _PLAIN.fullmatch(expr):
+    terms = _plain_terms(expr)
+  else:
+    if not _ALLOWED.fullmatch(expr):
+      return None
+    toks = _TOKEN.findall(expr)
+    if not toks or sum(map(len, toks)) != len(expr) - expr.count(" "):
+      return None
+    try:
+      terms = _expression(toks)
+    except (_Defer, IndexError):
+      return None
+  if terms is None:
     return None
-  toks = _TOKEN.findall(expr)
-  if not toks or sum(map(len, toks)) != len(expr) - expr.count(" "):
-    return None
-  try:
-    terms = _expression(toks)
-  except (_Defer, IndexError):
-    return None
-  # The canonical order of `Poly.from_dict` (poly._mono_key), computed from the names.
+  # The canonical order of `Poly.from_dict` (poly._mono_key): every atom is a
+  # variable, whose sort key is (0, name), so names order the same way.
   keyed = sorted(
-      ((-sum(e for _, e in mono), tuple(((0, n), -e) for n, e in mono)), mono, c)
+      ((-sum(e for _, e in mono), tuple((n, -e) for n, e in mono)), mono, c)
       for mono, c in terms.items() if c)
   return Poly(tuple((tuple((_var(n), e) for n, e in mono), c) for _, mono, c in keyed))
+
+
+# The common case, checked by one regex: signs only between terms (and one in
+# front), no negative literals. Spaces only around operators, so dropping them
+# joins no tokens.
+_FACTOR = r"(?:[A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*|0)(?: *\^ *(?:[1-9][0-9]*|0))?"
+_TERM = rf"{_FACTOR}(?: *\* *{_FACTOR})*"
+_PLAIN = re.compile(rf" *[-+]? *{_TERM}(?: *[-+] *{_TERM})* *")
+_SIGNED_TERM = re.compile(r"([-+]?)([^-+]+)")
+
+
+def _plain_terms(expr: str) -> dict[tuple[tuple[str, int], ...], int] | None:
+  """`_expression` for a string `_PLAIN` matched (None if it names an operation)."""
+  out: dict[tuple[tuple[str, int], ...], int] = {}
+  for sign, body in _SIGNED_TERM.findall(expr.replace(" ", "")):
+    coeff = 1
+    exps: dict[str, int] = {}
+    for factor in body.split("*"):
+      base, _, power = factor.partition("^")
+      k = int(power) if power else 1
+      if base[0] <= "9":   # digits sort before letters and "_"
+        coeff *= int(base) ** k
+      elif base in RESERVED:
+        return None
+      elif k:
+        exps[base] = exps.get(base, 0) + k
+    mono = tuple(sorted(exps.items())) if len(exps) > 1 else tuple(exps.items())
+    out[mono] = out.get(mono, 0) + (-coeff if sign == "-" else coeff)
+  return out
 
 
 def _expression(toks: list[str]) -> dict[tuple[tuple[str, int], ...], int]:
@@ -101,7 +136,7 @@ def _expression(toks: list[str]) -> dict[tuple[tuple[str, int], ...], int]:
       elif tok[0].isdigit():
         value, name = _int(tok), None
       elif tok[0].isalpha() or tok[0] == "_":
-        if tok in _RESERVED:
+        if tok in RESERVED:
           raise _Defer
         value, name = None, tok
       else:
