@@ -114,3 +114,18 @@ def test_plain_bounds_match_the_algebra(rel, n, eliminated):
     except ConstraintError as e:
       results.append(str(e).split(":")[0][:20])   # which kind of contradiction
   assert all(r == results[0] for r in results), (rel, n, eliminated, results)
+
+
+@pytest.mark.parametrize("before", [(), ("h == 2*b",), ("k == 3*b",), ("s <= 4096",)])
+@pytest.mark.parametrize("after", [(), ("s <= 4096",), ("k >= 2", "s < 1000"), ("b*k <= 64",)])
+def test_declared_multiple_matches_the_algebra(before, after):
+  # "s == 128*k" takes a shortcut when it is the first equality; spelled so that it
+  # needs the parser and the algebra, it must normalize identically.
+  results = []
+  for eq in ("s == 128*k", " s==128 * k ", "s == 128*k + 0", "s == k*128"):
+    try:
+      c = parse_constraints(before + (eq,) + after, ["b", "s"])
+      results.append((c.bounds, c.substitutions, c.inequalities))
+    except ConstraintError as e:
+      results.append(str(e).split(":")[0][:20])
+  assert all(r == results[0] for r in results), results

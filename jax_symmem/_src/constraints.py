@@ -26,6 +26,8 @@ from jax_symmem._src.poly import Poly, Var
 _RELATION = re.compile(r"(==|>=|<=|>|<)")
 # "var REL int" written plainly: what the parsing and `_simple_bound` would give, directly.
 _VAR_REL_INT = re.compile(r" *([A-Za-z_][A-Za-z0-9_]*) *(<=|>=|<|>) *([1-9][0-9]*|0) *")
+# "var == int*var", a declared multiple.
+_VAR_EQ_MULTIPLE = re.compile(r" *([A-Za-z_][A-Za-z0-9_]*) *== *([1-9][0-9]*) *\* *([A-Za-z_][A-Za-z0-9_]*) *")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,6 +223,11 @@ def normalize(source: tuple[str, ...]) -> Constraints:
     if m and m.group(1) not in parse_lib.RESERVED:   # "s <= 4096": no parsing, no algebra
       relations.append((c, None, m.group(2), m.group(1, 3)))
       all_vars.add(m.group(1))
+      continue
+    m = _VAR_EQ_MULTIPLE.fullmatch(c)
+    if m and m.group(1) != m.group(3) and not parse_lib.RESERVED.intersection(m.group(1, 3)):
+      relations.append((c, None, "==", m.group(1, 2, 3)))   # "s == 128*k"
+      all_vars.update(m.group(1, 3))
     else:
       lhs, rel, rhs = _split(c)
       relations.append((c, lhs, rel, rhs))
@@ -232,6 +239,12 @@ def normalize(source: tuple[str, ...]) -> Constraints:
     return _substitute_deep(p, {Var(v): q for v, q in subs.items()}) if subs else p
   ineqs: list[tuple[str, Poly]] = []
   for c, lhs, rel, rhs in relations:
+    if lhs is None and rel == "==":
+      v, n, w = rhs
+      if not subs:   # v == n*w, the first equality: what _solve_for_var gives for v - n*w
+        subs[v] = Poly(((((Var(w), 1),), int(n)),))
+        continue
+      lhs, rhs = Poly.var(v), int(n) * Poly.var(w)
     if lhs is None:
       name, n = rhs
       sign = 1 if rel[0] == ">" else -1
