@@ -66,14 +66,27 @@ def to_poly(d: DimLike) -> Poly:
 def parse(expr: str) -> Poly:
   """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)").
 
-  Plain polynomials take the fast parser (`parse.py`, the same Poly); anything
-  else, errors included, goes through jax.export itself.
+  Plain polynomials take the fast parser (`parse.py`, the same Poly); in a
+  polynomial over operation calls ("4*b*floordiv(s, 2)") each call goes through
+  jax.export on its own; anything else, errors included, goes through jax.export
+  with the whole string.
   """
   if not isinstance(expr, str):
     raise TypeError(f"expected a string, got {expr!r}")
   fast = parse_lib.parse_polynomial(expr)
   if fast is not None:
     return fast
+  split = parse_lib.split_operations(expr)
+  if split is not None:   # a polynomial in operation calls: jax.export parses each call
+    template, calls = split
+    outer = parse_lib.parse_polynomial(template)
+    if outer is not None:
+      try:
+        inner = {poly_lib.Var(name): parse_with_jax(call) for name, call in calls.items()}
+      except Exception:  # noqa: BLE001 - the whole string through jax.export raises its own error
+        inner = None
+      if inner is not None:
+        return outer.substitute(inner)
   return parse_with_jax(expr)
 
 
