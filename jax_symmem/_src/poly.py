@@ -14,7 +14,6 @@ for display only.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Iterable, Mapping, Union
 
@@ -25,6 +24,20 @@ MIN = "min"
 OPERATIONS = (FLOORDIV, MOD, MAX, MIN)
 
 
+class _cached:
+  """`functools.cached_property` without its lock (Python 3.11 takes it on every first read)."""
+
+  def __init__(self, fn):
+    self.fn = fn
+    self.name = fn.__name__
+
+  def __get__(self, obj, owner=None):
+    if obj is None:
+      return self
+    value = obj.__dict__[self.name] = self.fn(obj)
+    return value
+
+
 @dataclasses.dataclass(frozen=True, order=False)
 class Var:
   """A dimension variable, an integer >= 1 unless constraints say more."""
@@ -33,7 +46,7 @@ class Var:
   def __hash__(self) -> int:   # cheaper than the generated hash((name,)); equality is by name
     return hash(self.name)
 
-  @functools.cached_property
+  @_cached
   def sort_key(self) -> tuple:
     return (0, self.name)
 
@@ -60,7 +73,7 @@ class OpAtom:
     if self.op not in OPERATIONS:
       raise ValueError(f"unknown dimension operation {self.op!r}")
 
-  @functools.cached_property
+  @_cached
   def sort_key(self) -> tuple:
     return (1, self.op, tuple(o.sort_key for o in self.operands))
 
@@ -69,6 +82,10 @@ class OpAtom:
     return _apply(self.op, *vals)
 
   def variables(self) -> frozenset[str]:
+    return self._variables
+
+  @_cached
+  def _variables(self) -> frozenset[str]:
     return frozenset().union(*(o.variables() for o in self.operands))
 
   def __str__(self) -> str:
@@ -178,7 +195,7 @@ class Poly:
     raise TypeError(f"cannot use {x!r} of type {type(x).__name__} as a dimension polynomial")
 
   # --- queries ------------------------------------------------------------
-  @functools.cached_property
+  @_cached
   def sort_key(self) -> tuple:
     return tuple((_mono_key(m), c) for m, c in self.terms)
 
