@@ -337,3 +337,39 @@ def test_decided_share_on_realistic_pairs():
     return p
   results = [compare(side(), side(), constraints=cons) for _ in range(300)]
   assert sum(o.decided for o in results) >= 297
+
+
+# --------------------------------------------------------------------------
+# Caches: different constraints never share a result
+# --------------------------------------------------------------------------
+CACHE_CASES = [
+    (("b <= 64",), "LE"), (("b <= 65",), "DEPENDS"), (("b >= 64",), "GE"),
+    (("b >= 64", "b <= 64"), "EQ"), (("b == 64",), "EQ"), (("b == 2*k", "k <= 32"), "LE"),
+    (("b == 2*k", "k <= 33"), "DEPENDS"), ((), "DEPENDS"),
+]
+
+
+def test_cached_answers_follow_the_constraints():
+  compare_lib.clear_caches()
+  for _ in range(2):   # second round: every cache warm
+    for cons, kind in CACHE_CASES:
+      assert compare("b", "64", constraints=cons).kind == kind, cons
+      assert compare("b", "64", constraints=list(cons)).kind == kind, cons
+
+
+@hypothesis.settings(max_examples=60, deadline=None, derandomize=True)
+@hypothesis.given(st.lists(st.tuples(st.sampled_from("bs"), st.sampled_from(["<=", ">="]),
+                                     st.integers(1, 40)), min_size=1, max_size=3),
+                  st.sampled_from(["b*s", "4*s", "b + s", "s^2"]), st.sampled_from(["64", "8*b", "b^2"]))
+def test_warm_caches_answer_as_cold_ones(bounds, lhs, rhs):
+  cons = tuple(f"{v} {rel} {n}" for v, rel, n in bounds)
+  try:
+    warm = compare(lhs, rhs, constraints=cons)
+  except ConstraintError:
+    return
+  compare_lib.clear_caches()
+  cold = compare(lhs, rhs, constraints=cons)
+  assert warm == cold
+  # Upper bounds are all <= 40, so the grid covers every allowed point only when both are bounded.
+  exhaustive = {v for v, rel, _ in bounds if rel == "<="} == {"b", "s"}
+  check_against_brute_force(lhs, rhs, cons, {"b": 40, "s": 40}, exhaustive=exhaustive)

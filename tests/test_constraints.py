@@ -49,3 +49,83 @@ def test_general_inequality_is_kept_and_checked():
 def test_bad_constraints_raise_clear_errors(bad, match):
   with pytest.raises(ConstraintError, match=match):
     parse_constraints(bad, ["s"])
+
+
+# --------------------------------------------------------------------------
+# The normalization cache (keyed by the constraint strings)
+# --------------------------------------------------------------------------
+from jax_symmem._src import constraints as constraints_lib  # noqa: E402
+
+
+def test_normalization_is_cached_by_the_strings_and_variables_only_add_bounds():
+  constraints_lib.normalize.cache_clear()
+  src = ("s == 128*k", "s <= 4096", "b*k <= 64")
+  base = parse_constraints(src)
+  assert parse_constraints(list(src)) is base   # same strings: the cached object
+  wide = parse_constraints(src, ["b", "s", "t", "k"])
+  assert wide.bounds_map == {**base.bounds_map, "t": (1, None)}
+  assert "s" not in wide.bounds_map             # eliminated stays eliminated
+  assert (wide.substitutions, wide.inequalities, wide.source) == (
+      base.substitutions, base.inequalities, base.source)
+  assert base.bounds_map == {"b": (1, None), "k": (1, 32)}   # the cached object is unchanged
+  assert constraints_lib.normalize.cache_info().hits >= 2
+
+
+def test_different_strings_never_share_a_normalization():
+  a = parse_constraints(("s <= 4096",), ["s"])
+  b = parse_constraints(("s <= 4095",), ["s"])
+  c = parse_constraints(("s < 4096",), ["s"])
+  assert a.bounds_map["s"] == (1, 4096) and b.bounds_map["s"] == (1, 4095)
+  assert c.bounds_map["s"] == (1, 4095) and c.source != b.source
+  assert len({a, b, c}) == 3
+
+
+def test_eliminated_dimension_keeps_its_lower_bound():
+  # s >= 1 is not a no-op once s is eliminated: s == k - 5 forces k >= 6.
+  c = parse_constraints(("s == k - 5",), ["s", "k"])
+  assert c.bounds_map == {"k": (6, None)}
+  c = parse_constraints(("s == b*k - 3",), ["b", "k", "s"])
+  assert c.inequalities and c.violation({"b": 1, "k": 3, "s": 0}) is not None
+
+
+def test_errors_are_raised_every_time():
+  for _ in range(2):
+    with pytest.raises(ConstraintError, match="contradict"):
+      parse_constraints(("s >= 10", "s <= 5"), ["s"])
+
+
+_MIRROR = {"<=": ">=", ">=": "<=", "<": ">", ">": "<"}
+
+
+@pytest.mark.parametrize("rel", ["<=", ">=", "<", ">"])
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 4096])
+@pytest.mark.parametrize("eliminated", [False, True])
+def test_plain_bounds_match_the_algebra(rel, n, eliminated):
+  # "s <= 4096" takes a shortcut (no parsing, no polynomial algebra); the same relation
+  # written so that it needs the parser and the algebra must normalize identically.
+  extra = ("s == 4*k",) if eliminated else ()
+  routes = [(f"s {rel} {n}",), (f" s{rel}{n} ",), (f"s {rel} {n} + 0",), (f"{n} {_MIRROR[rel]} s",),
+            (f"s - {n} {rel} 0",), (f"2*s {rel} 2*{n}",)]
+  results = []
+  for route in routes:
+    try:
+      c = parse_constraints(extra + route, ["s"])
+      results.append((c.bounds, c.substitutions, c.inequalities))
+    except ConstraintError as e:
+      results.append(str(e).split(":")[0][:20])   # which kind of contradiction
+  assert all(r == results[0] for r in results), (rel, n, eliminated, results)
+
+
+@pytest.mark.parametrize("before", [(), ("h == 2*b",), ("k == 3*b",), ("s <= 4096",)])
+@pytest.mark.parametrize("after", [(), ("s <= 4096",), ("k >= 2", "s < 1000"), ("b*k <= 64",)])
+def test_declared_multiple_matches_the_algebra(before, after):
+  # "s == 128*k" takes a shortcut when it is the first equality; spelled so that it
+  # needs the parser and the algebra, it must normalize identically.
+  results = []
+  for eq in ("s == 128*k", " s==128 * k ", "s == 128*k + 0", "s == k*128"):
+    try:
+      c = parse_constraints(before + (eq,) + after, ["b", "s"])
+      results.append((c.bounds, c.substitutions, c.inequalities))
+    except ConstraintError as e:
+      results.append(str(e).split(":")[0][:20])
+  assert all(r == results[0] for r in results), results

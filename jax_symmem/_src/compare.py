@@ -186,7 +186,7 @@ def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
 
 
 # --------------------------------------------------------------------------
-# Input normalization (cached: parsing a string through jax.export is ~100 µs)
+# Input normalization (cached; plain polynomials skip jax.export, see parse.py)
 # --------------------------------------------------------------------------
 @functools.lru_cache(maxsize=1 << 12)
 def _parse_cached(expr: str) -> Poly:
@@ -197,21 +197,20 @@ def _as_poly(x) -> Poly:
   return _parse_cached(x) if isinstance(x, str) else jax_dims.to_poly(x)
 
 
-@functools.lru_cache(maxsize=1 << 12)
-def _parse_constraints_cached(source: tuple[str, ...], variables: frozenset[str]) -> Constraints:
-  return constraints_lib.parse_constraints(source, variables=sorted(variables))
-
-
 def _as_constraints(c: constraints_lib.ConstraintsLike, variables: Iterable[str]) -> Constraints:
   # A Constraints object is used as given: variables it does not bound are
   # in [1, inf) by `Constraints.lower/upper`, exactly what re-parsing would add.
   if isinstance(c, Constraints):
     return c
-  if c is None:
-    c = ()
-  if isinstance(c, str) or not all(isinstance(s, str) for s in c):
-    return constraints_lib.parse_constraints(c, variables=sorted(variables))  # raises the error
-  return _parse_constraints_cached(tuple(c), frozenset(variables))
+  # Normalization is cached by the constraint strings (constraints.normalize).
+  return constraints_lib.parse_constraints(() if c is None else c, variables=variables)
+
+
+def clear_caches() -> None:
+  """Empties every cache on the way from strings to an answer (for fresh timings and tests)."""
+  compare_polys.cache_clear()
+  _parse_cached.cache_clear()
+  constraints_lib.normalize.cache_clear()
 
 
 # --------------------------------------------------------------------------

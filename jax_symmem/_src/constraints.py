@@ -14,14 +14,20 @@ Constraints are written as jax.export writes them: `"s <= 4096"`, `"b >= 2"`,
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Iterable, Mapping, Sequence, Union
 
 from jax_symmem._src import jax_dims
+from jax_symmem._src import parse as parse_lib
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.poly import Poly, Var
 
 _RELATION = re.compile(r"(==|>=|<=|>|<)")
+# "var REL int" written plainly: what the parsing and `_simple_bound` would give, directly.
+_VAR_REL_INT = re.compile(r" *([A-Za-z_][A-Za-z0-9_]*) *(<=|>=|<|>) *([1-9][0-9]*|0) *")
+# "var == int*var", a declared multiple.
+_VAR_EQ_MULTIPLE = re.compile(r" *([A-Za-z_][A-Za-z0-9_]*) *== *([1-9][0-9]*) *\* *([A-Za-z_][A-Za-z0-9_]*) *")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -132,7 +138,12 @@ def _solve_for_var(diff: Poly, prefer: Sequence[str]) -> tuple[str, Poly] | None
 
 
 def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = ()) -> Constraints:
-  """Normalizes user constraints over `variables` (each implicitly >= 1)."""
+  """Normalizes user constraints over `variables` (each implicitly >= 1).
+
+  The normalization depends on the constraint strings alone and is cached by
+  them; `variables` only adds `1 <= v` bounds for dims the constraints do not
+  mention.
+  """
   if isinstance(constraints, Constraints):
     if not variables:
       return constraints
@@ -148,11 +159,79 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
   for c in source:
     if not isinstance(c, str):
       raise ConstraintError(f"each constraint must be a string, got {c!r}")
+  return _with_variables(normalize(source), variables)
 
-  relations = [(c,) + _split(c) for c in source]
-  all_vars = set(variables)
-  for _, lhs, _, rhs in relations:
-    all_vars |= lhs.variables() | rhs.variables()
+
+def _with_variables(cons: Constraints, variables: Iterable[str]) -> Constraints:
+  """`cons` with the bound [1, inf) for each of `variables` it does not mention."""
+  extra = set(variables)
+  if not extra:
+    return cons
+  extra.difference_update(v for v, _, _ in cons.bounds)
+  extra.difference_update(v for v, _ in cons.substitutions)
+  if not extra:
+    return cons
+  bounds = tuple(sorted(cons.bounds + tuple((v, 1, None) for v in extra)))
+  return dataclasses.replace(cons, bounds=bounds)
+
+
+def _greater_equal_zero(lhs: Poly, rel: str, rhs: Poly) -> Poly:
+  """`lhs rel rhs` as `p >= 0` (integers: `>` is `>= 1`)."""
+  if rel == ">=":
+    return lhs - rhs
+  if rel == ">":
+    return lhs - rhs - 1
+  if rel == "<=":
+    return rhs - lhs
+  return rhs - lhs - 1
+
+
+def _linear_in_one_var(p: Poly) -> tuple[str, int, int] | None:
+  """(v, a, c0) if p == a*v + c0 for one variable v, else None."""
+  terms = p.terms
+  if not terms or len(terms) > 2 or (len(terms) == 2 and terms[1][0]):
+    return None
+  mono, a = terms[0]
+  if len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], Var):
+    return None
+  return mono[0][0].name, a, (terms[1][1] if len(terms) == 2 else 0)
+
+
+def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None:
+  """For `var rel int` or `int rel var`: (var, a, c0) with the relation `a*var + c0 >= 0`, a = +-1."""
+  for var_side, const_side, sign in ((lhs, rhs, 1), (rhs, lhs, -1)):
+    if len(var_side.terms) != 1 or not const_side.is_constant():
+      continue
+    mono, coeff = var_side.terms[0]
+    if coeff != 1 or len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], Var):
+      continue
+    n = const_side.constant
+    if rel in ("<=", "<"):
+      sign = -sign
+    # sign * (var - n) >= 0, and one more for a strict relation
+    return mono[0][0].name, sign, -sign * n - (rel in (">", "<"))
+  return None
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def normalize(source: tuple[str, ...]) -> Constraints:
+  """The normalized form of the constraint strings `source` (cached by the strings)."""
+  relations = []
+  all_vars: set[str] = set()
+  for c in source:
+    m = _VAR_REL_INT.fullmatch(c)
+    if m and m.group(1) not in parse_lib.RESERVED:   # "s <= 4096": no parsing, no algebra
+      relations.append((c, None, m.group(2), m.group(1, 3)))
+      all_vars.add(m.group(1))
+      continue
+    m = _VAR_EQ_MULTIPLE.fullmatch(c)
+    if m and m.group(1) != m.group(3) and not parse_lib.RESERVED.intersection(m.group(1, 3)):
+      relations.append((c, None, "==", m.group(1, 2, 3)))   # "s == 128*k"
+      all_vars.update(m.group(1, 3))
+    else:
+      lhs, rel, rhs = _split(c)
+      relations.append((c, lhs, rel, rhs))
+      all_vars |= lhs.variables() | rhs.variables()
 
   # 1. Equalities become substitutions, applied to each other as they come.
   subs: dict[str, Poly] = {}
@@ -160,7 +239,17 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
     return _substitute_deep(p, {Var(v): q for v, q in subs.items()}) if subs else p
   ineqs: list[tuple[str, Poly]] = []
   for c, lhs, rel, rhs in relations:
-    if rel == "==":
+    if lhs is None and rel == "==":
+      v, n, w = rhs
+      if not subs:   # v == n*w, the first equality: what _solve_for_var gives for v - n*w
+        subs[v] = Poly(((((Var(w), 1),), int(n)),))
+        continue
+      lhs, rhs = Poly.var(v), int(n) * Poly.var(w)
+    if lhs is None:
+      name, n = rhs
+      sign = 1 if rel[0] == ">" else -1
+      ineqs.append((c, (name, sign, -sign * int(n) - (len(rel) == 1))))
+    elif rel == "==":
       diff = reduce(lhs - rhs)
       if diff.is_constant():
         if diff.constant != 0:
@@ -176,11 +265,12 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
       subs = {w: _substitute_deep(p, {Var(v): q}) for w, p in subs.items()}
       subs[v] = q
     else:
-      ge = {">=": lhs - rhs, ">": lhs - rhs - 1, "<=": rhs - lhs, "<": rhs - lhs - 1}[rel]
-      ineqs.append((c, ge))
-  # Every original dimension is >= 1, eliminated ones included.
+      ineqs.append((c, _simple_bound(lhs, rel, rhs) or _greater_equal_zero(lhs, rel, rhs)))
+  # Every original dimension is >= 1. For one that stays free that is the
+  # starting bound below; an eliminated one constrains its substitute.
   for v in sorted(all_vars):
-    ineqs.append((f"{v} >= 1", Poly.var(v) - 1))
+    if v in subs:
+      ineqs.append((f"{v} >= 1", (v, 1, -1)))
 
   # 2. Inequalities linear in one variable become bounds; the rest stay general.
   free_vars = sorted((all_vars - subs.keys()) | {w for q in subs.values() for w in q.variables()})
@@ -188,15 +278,25 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
   hi: dict[str, int | None] = {v: None for v in free_vars}
   general: list[Poly] = []
   for c, p in ineqs:
-    p = reduce(p)
-    if p.is_constant():
-      if p.constant < 0:
-        raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
-      continue
-    if p.degree() == 1 and len(p.atoms()) == 1 and isinstance(next(iter(p.atoms())), Var):
-      (v,) = p.variables()
-      a = p.as_dict()[((Var(v), 1),)]
-      c0 = p.constant
+    linear = None
+    if isinstance(p, tuple):   # a*v + c0 >= 0 with a = +-1: no algebra needed
+      v, a, c0 = p
+      q = subs.get(v)
+      if q is None:
+        linear = p
+      elif (w := _linear_in_one_var(q)) is not None:   # v == alpha*w + beta
+        linear = (w[0], a * w[1], a * w[2] + c0)
+      else:
+        p = a * Poly.var(v) + c0
+    if linear is None:
+      p = reduce(p)
+      if p.is_constant():
+        if p.constant < 0:
+          raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
+        continue
+      linear = _linear_in_one_var(p)
+    if linear is not None:
+      v, a, c0 = linear
       if a > 0:   # a*v + c0 >= 0  ->  v >= ceil(-c0 / a)
         lo[v] = max(lo[v], -((c0) // a))
       else:       # v <= floor(c0 / -a)

@@ -15,6 +15,7 @@ import jax
 from jax import export
 from jax._src.export import shape_poly
 
+from jax_symmem._src import parse as parse_lib
 from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly
 
@@ -46,20 +47,51 @@ def to_poly(d: DimLike) -> Poly:
   if isinstance(d, str):
     return parse(d)
   if isinstance(d, DimExpr):
-    out = poly_lib.ZERO
+    # One dict of monomials, sorted once (Poly arithmetic per factor re-sorts every step).
+    out: dict = {}
     for term, coeff in d._sorted_terms:
-      t = Poly.const(coeff)
+      t = {(): coeff}
       for factor, exp in term._factors:
-        t = t * (_factor_to_poly(factor) ** exp)
-      out = out + t
-    return out
+        if factor.var is not None:
+          f_terms = ((((poly_lib.Var(factor.var), exp),), 1),)
+        else:
+          f_terms = (_factor_to_poly(factor) ** exp).terms
+        t = poly_lib._mul_terms(t.items(), f_terms)
+      for m, c in t.items():
+        out[m] = out.get(m, 0) + c
+    return Poly.from_dict(out)
   return Poly.lift(d)
 
 
 def parse(expr: str) -> Poly:
-  """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)")."""
+  """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)").
+
+  Plain polynomials take the fast parser (`parse.py`, the same Poly); in a
+  polynomial over operation calls ("4*b*floordiv(s, 2)") each call goes through
+  jax.export on its own; anything else, errors included, goes through jax.export
+  with the whole string.
+  """
   if not isinstance(expr, str):
     raise TypeError(f"expected a string, got {expr!r}")
+  fast = parse_lib.parse_polynomial(expr)
+  if fast is not None:
+    return fast
+  split = parse_lib.split_operations(expr)
+  if split is not None:   # a polynomial in operation calls: jax.export parses each call
+    template, calls = split
+    outer = parse_lib.parse_polynomial(template)
+    if outer is not None:
+      try:
+        inner = {poly_lib.Var(name): parse_with_jax(call) for name, call in calls.items()}
+      except Exception:  # noqa: BLE001 - the whole string through jax.export raises its own error
+        inner = None
+      if inner is not None:
+        return outer.substitute(inner)
+  return parse_with_jax(expr)
+
+
+def parse_with_jax(expr: str) -> Poly:
+  """`parse` through jax.export alone (the reference the fast parser is tested against)."""
   try:
     dims = export.symbolic_shape(expr)
   except Exception as e:  # JAX raises ValueError with its own parse message.

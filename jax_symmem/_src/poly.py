@@ -14,7 +14,6 @@ for display only.
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from typing import Iterable, Mapping, Union
 
@@ -25,12 +24,29 @@ MIN = "min"
 OPERATIONS = (FLOORDIV, MOD, MAX, MIN)
 
 
+class _cached:
+  """`functools.cached_property` without its lock (Python 3.11 takes it on every first read)."""
+
+  def __init__(self, fn):
+    self.fn = fn
+    self.name = fn.__name__
+
+  def __get__(self, obj, owner=None):
+    if obj is None:
+      return self
+    value = obj.__dict__[self.name] = self.fn(obj)
+    return value
+
+
 @dataclasses.dataclass(frozen=True, order=False)
 class Var:
   """A dimension variable, an integer >= 1 unless constraints say more."""
   name: str
 
-  @functools.cached_property
+  def __hash__(self) -> int:   # cheaper than the generated hash((name,)); equality is by name
+    return hash(self.name)
+
+  @_cached
   def sort_key(self) -> tuple:
     return (0, self.name)
 
@@ -57,7 +73,7 @@ class OpAtom:
     if self.op not in OPERATIONS:
       raise ValueError(f"unknown dimension operation {self.op!r}")
 
-  @functools.cached_property
+  @_cached
   def sort_key(self) -> tuple:
     return (1, self.op, tuple(o.sort_key for o in self.operands))
 
@@ -66,6 +82,10 @@ class OpAtom:
     return _apply(self.op, *vals)
 
   def variables(self) -> frozenset[str]:
+    return self._variables
+
+  @_cached
+  def _variables(self) -> frozenset[str]:
     return frozenset().union(*(o.variables() for o in self.operands))
 
   def __str__(self) -> str:
@@ -91,9 +111,19 @@ def _apply(op: str, a: int, b: int) -> int:
   return min(a, b)
 
 
+_MONO_KEYS: dict = {}
+
+
 def _mono_key(m: Monomial) -> tuple:
   # Higher degree first, then atoms; gives the familiar "s^2 + 3*s + 1" order.
-  return (-sum(e for _, e in m), tuple((a.sort_key, -e) for a, e in m))
+  # The constant monomial () sorts last. Memoized: sorting terms is most of Poly arithmetic.
+  try:
+    return _MONO_KEYS[m]
+  except KeyError:
+    if len(_MONO_KEYS) >= 1 << 16:
+      _MONO_KEYS.clear()
+    k = _MONO_KEYS[m] = (-sum(e for _, e in m), tuple((a.sort_key, -e) for a, e in m))
+    return k
 
 
 def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
@@ -105,6 +135,15 @@ def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
   for a, e in m2:
     exps[a] = exps.get(a, 0) + e
   return tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
+
+
+def _mul_terms(t1, t2) -> dict[Monomial, int]:
+  d: dict[Monomial, int] = {}
+  for m1, c1 in t1:
+    for m2, c2 in t2:
+      m = _mono_mul(m1, m2)
+      d[m] = d.get(m, 0) + c1 * c2
+  return d
 
 
 @dataclasses.dataclass(frozen=True, eq=True)
@@ -129,7 +168,8 @@ class Poly:
   @staticmethod
   def from_dict(coeffs: Mapping[Monomial, int]) -> "Poly":
     items = [(m, int(c)) for m, c in coeffs.items() if c != 0]
-    items.sort(key=lambda mc: _mono_key(mc[0]))
+    if len(items) > 1:
+      items.sort(key=lambda mc: _mono_key(mc[0]))
     return Poly(tuple(items))
 
   @staticmethod
@@ -155,7 +195,7 @@ class Poly:
     raise TypeError(f"cannot use {x!r} of type {type(x).__name__} as a dimension polynomial")
 
   # --- queries ------------------------------------------------------------
-  @functools.cached_property
+  @_cached
   def sort_key(self) -> tuple:
     return tuple((_mono_key(m), c) for m, c in self.terms)
 
@@ -174,14 +214,24 @@ class Poly:
     return 0
 
   def atoms(self) -> frozenset[Atom]:
-    return frozenset(a for m, _ in self.terms for a, _ in m)
+    try:
+      return self.__dict__["_atoms"]
+    except KeyError:
+      out = frozenset(a for m, _ in self.terms for a, _ in m)
+      object.__setattr__(self, "_atoms", out)
+      return out
 
   def variables(self) -> frozenset[str]:
     """All dimension variable names, including those inside operation atoms."""
-    out: set[str] = set()
-    for a in self.atoms():
-      out |= a.variables()
-    return frozenset(out)
+    try:
+      return self.__dict__["_variables"]
+    except KeyError:
+      names: set[str] = set()
+      for a in self.atoms():
+        names |= a.variables()
+      out = frozenset(names)
+      object.__setattr__(self, "_variables", out)
+      return out
 
   def degree(self) -> int:
     return max((sum(e for _, e in m) for m, _ in self.terms), default=0)
@@ -189,35 +239,60 @@ class Poly:
   def evaluate(self, env: Mapping[str, int]) -> int:
     """Exact value at concrete dims (Python ints, never overflows)."""
     total = 0
-    cache: dict[Atom, int] = {}
+    ops: dict[Atom, int] = {}   # each operation atom evaluated once
     for m, c in self.terms:
       v = c
       for a, e in m:
-        if a not in cache:
-          cache[a] = a.evaluate(env)
-        v *= cache[a] ** e
+        if type(a) is Var:
+          try:
+            x = int(env[a.name])
+          except KeyError:
+            raise KeyError(f"no value given for dimension {a.name!r}") from None
+        else:
+          x = ops.get(a)
+          if x is None:
+            x = ops[a] = a.evaluate(env)
+        v *= x if e == 1 else x ** e
       total += v
     return total
 
   def substitute(self, mapping: Mapping[Atom, "Poly"]) -> "Poly":
     """Replaces atoms by polynomials (atoms not in `mapping` stay)."""
-    out = ZERO
+    out: dict[Monomial, int] = {}
     for m, c in self.terms:
-      t = Poly.const(c)
+      t: dict[Monomial, int] = {(): c}
       for a, e in m:
-        t = t * (mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),)))
-      out = out + t
-    return out
+        factor = mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),))
+        t = _mul_terms(t.items(), factor.terms)
+      for mono, coeff in t.items():
+        out[mono] = out.get(mono, 0) + coeff
+    return Poly.from_dict(out)
 
   # --- arithmetic ---------------------------------------------------------
   def __add__(self, other: "PolyLike") -> "Poly":
     other = Poly.lift(other)
+    if not other.terms:
+      return self
+    if not self.terms:
+      return other
+    if len(other.terms) == 1 and not other.terms[0][0]:   # + constant: the last term
+      return self._plus_constant(other.terms[0][1])
+    if len(self.terms) == 1 and not self.terms[0][0]:
+      return other._plus_constant(self.terms[0][1])
     d = dict(self.terms)
     for m, c in other.terms:
       d[m] = d.get(m, 0) + c
     return Poly.from_dict(d)
 
   __radd__ = __add__
+
+  def _plus_constant(self, k: int) -> "Poly":
+    # The constant monomial () sorts last (see _mono_key): no re-sort needed.
+    terms = self.terms
+    if terms[-1][0]:
+      return Poly(terms + (((), k),))
+    c = terms[-1][1] + k
+    return Poly(terms[:-1] + ((((), c),) if c else ()))
 
   def __neg__(self) -> "Poly":
     return Poly(tuple((m, -c) for m, c in self.terms))
@@ -230,12 +305,11 @@ class Poly:
 
   def __mul__(self, other: "PolyLike") -> "Poly":
     other = Poly.lift(other)
-    d: dict[Monomial, int] = {}
-    for m1, c1 in self.terms:
-      for m2, c2 in other.terms:
-        m = _mono_mul(m1, m2)
-        d[m] = d.get(m, 0) + c1 * c2
-    return Poly.from_dict(d)
+    for x, y in ((self, other), (other, self)):
+      if len(y.terms) == 1 and not y.terms[0][0]:   # times a nonzero constant: same order
+        k = y.terms[0][1]
+        return x if k == 1 else Poly(tuple((m, c * k) for m, c in x.terms))
+    return Poly.from_dict(_mul_terms(self.terms, other.terms))
 
   __rmul__ = __mul__
 
