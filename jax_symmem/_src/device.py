@@ -12,8 +12,10 @@ import numpy as np
 
 
 def device_memory() -> tuple[int | None, int | None]:
-  """(bytes in use, bytes limit) of the default device, or Nones where unknown (CPU)."""
-  stats = jax.devices()[0].memory_stats()
+  """(bytes in use, bytes limit) of this process's first device, or Nones where unknown
+  (CPU). With several processes `jax.devices()[0]` is another process's device, whose
+  memory_stats() raise."""
+  stats = jax.local_devices()[0].memory_stats()
   if not stats:
     return None, None
   return stats.get("bytes_in_use"), stats.get("bytes_limit")
