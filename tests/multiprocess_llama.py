@@ -62,13 +62,12 @@ def _max_rel_err(got, ref) -> float:
   return worst
 
 
-def run(layout: str) -> dict:
+def run(layout: str, state: dict) -> dict:
   devices = np.array(jax.devices())   # process 0's 4 devices, then process 1's
   if layout == "data":
     mesh = Mesh(devices.reshape(8), ("data",))
   else:   # data across the processes, tensor within each
     mesh = Mesh(devices.reshape(2, 4), ("data", "model"))
-  state = llama.init_state(CONFIG)
   if layout == "data":
     state_sharding = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), state)
   else:
@@ -134,5 +133,6 @@ if __name__ == "__main__":
   jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2,
                              process_id=process_id, initialization_timeout=60)
   assert jax.process_count() == 2 and jax.device_count() == 8, jax.devices()
+  state = llama.init_state(CONFIG)   # the same values in every process (seed 0)
   for layout in sys.argv[3:] or ("data", "tensor"):
-    print(json.dumps(run(layout)), flush=True)
+    print(json.dumps(run(layout, state)), flush=True)
