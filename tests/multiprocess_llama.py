@@ -11,6 +11,7 @@ compile other options (call 1) and dispatch another round (call 2) than
 process 1. Prints one JSON line per layout with what the test compares.
 """
 
+import gc
 import json
 import math
 import sys
@@ -66,11 +67,9 @@ def run(layout: str, state: dict) -> dict:
   devices = np.array(jax.devices())   # process 0's 4 devices, then process 1's
   if layout == "data":
     mesh = Mesh(devices.reshape(8), ("data",))
+    state_sharding = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), state)
   else:   # data across the processes, tensor within each
     mesh = Mesh(devices.reshape(2, 4), ("data", "model"))
-  if layout == "data":
-    state_sharding = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), state)
-  else:
     state_sharding = jax.tree_util.tree_map_with_path(
         lambda p, x: NamedSharding(mesh, _tensor_parallel_spec(p, x)), state)
   batch_sharding = NamedSharding(mesh, P("data", None))
@@ -97,8 +96,9 @@ def run(layout: str, state: dict) -> dict:
       basis = model0
     else:   # the round-0 prediction calibrated by XLA's footprint of call 1's variant
       first = next(v for v in sym.variants() if v["dims"] == {"b": CALLS[0][0], "s": CALLS[0][1]})
-      basis = model0 * first["xla_bytes"] / analysis.round_peak(first["round"], first["dims"])
+      basis = model0 * first["xla_bytes"] / analysis.round_peak(0, first["dims"])
     s_ref, loss_ref = ref(s_ref, tokens, mask)
+    gc.collect()   # no array freed by the collector between this reading and the step's
     free = free1 if jax.process_index() == 1 else free0
     target = BUDGET - int(free * basis)   # other live bytes per device this process holds
     need = target - _reserved((s_sym, tokens, mask))
