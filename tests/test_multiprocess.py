@@ -28,9 +28,23 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-@functools.lru_cache(maxsize=None)
 def _run() -> dict:
-  """{(layout, process id): the worker's JSON record}."""
+  """{(layout, process id): the worker's JSON record}; a failure is raised again, not rerun."""
+  records, error = _run_once()
+  if error is not None:
+    raise error
+  return records
+
+
+@functools.lru_cache(maxsize=None)
+def _run_once():
+  try:
+    return _launch(), None
+  except AssertionError as e:
+    return None, e
+
+
+def _launch() -> dict:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
@@ -50,16 +64,21 @@ def _run() -> dict:
         assert time.monotonic() < deadline, f"no result after {TIMEOUT_S} s"
         time.sleep(0.2)
     finally:
-      for p in procs:
+      killed = set()
+      for i, p in enumerate(procs):
         if p.poll() is None:
           p.kill()
           p.wait()
+          killed.add(i)
     records = {}
-    for i, (p, (out, err)) in enumerate(zip(procs, logs)):
+    # The process that failed on its own first: its error is the cause.
+    for i in sorted(range(len(procs)), key=lambda i: i in killed):
+      p, (out, err) = procs[i], logs[i]
       out.seek(0), err.seek(0)
       stdout, stderr = out.read(), err.read()
       out.close(), err.close()
-      assert p.returncode == 0, f"process {i} exited with {p.returncode}:\n{stderr[-4000:]}"
+      assert p.returncode == 0, (f"process {i} {'was killed' if i in killed else 'exited'} with "
+                                 f"{p.returncode}:\n{stderr[-4000:]}")
       for line in stdout.splitlines():
         if line.startswith("{"):
           r = json.loads(line)
