@@ -19,7 +19,7 @@ import pytest
 
 from jax_symmem._src import device
 
-TIMEOUT_S = 600   # both processes together; ~45 CPU-s each (216 s wall at load average 13)
+TIMEOUT_S = 600   # both processes together; ~45 CPU-s each (113-218 s wall at load average 8-13)
 
 
 def _free_port() -> int:
