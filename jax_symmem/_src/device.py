@@ -4,13 +4,18 @@ from __future__ import annotations
 
 import collections
 import math
+from typing import Any, Sequence
 
 import jax
+from jax.experimental import multihost_utils
+import numpy as np
 
 
 def device_memory() -> tuple[int | None, int | None]:
-  """(bytes in use, bytes limit) of the default device, or Nones where unknown (CPU)."""
-  stats = jax.devices()[0].memory_stats()
+  """(bytes in use, bytes limit) of this process's first device, or Nones where unknown
+  (CPU). With several processes `jax.devices()[0]` is another process's device, whose
+  memory_stats() raise."""
+  stats = jax.local_devices()[0].memory_stats()
   if not stats:
     return None, None
   return stats.get("bytes_in_use"), stats.get("bytes_limit")
@@ -32,3 +37,54 @@ def live_bytes() -> int:
     for d in a.sharding.device_set:
       per_device[d] += shard
   return max(per_device.values(), default=0)
+
+
+# --- several processes (jax.distributed) -------------------------------------------------
+#
+# A step whose arrays span the devices of several processes is one SPMD program:
+# every process must dispatch the same executable (eviction round, compile options)
+# at the same call, or the program deadlocks or diverges. The live-bytes probe is
+# local (another process may hold other arrays), and so, in principle, is XLA's
+# memory_analysis() of a compiled variant (e.g. GPU autotuning per process), so
+# each is replaced by the largest reading over the processes: one small all-gather
+# over the devices (`multihost_utils.process_allgather`), done only when the
+# arguments span several processes. With one process nothing is exchanged.
+
+_LOW_BITS = 30   # ints travel as two int32 halves: exact below 2**61 without x64
+
+
+def spans_processes(args: Sequence[Any]) -> bool:
+  """Whether any argument array has shards on devices of another process."""
+  if jax.process_count() == 1:
+    return False
+  return any(not a.is_fully_addressable for a in args if isinstance(a, jax.Array))
+
+
+def all_processes(values: Sequence[int]) -> list[tuple[int, ...]]:
+  """Every process's non-negative `values`, in process order (the same list in each)."""
+  halves = np.array([h for v in values for h in (v >> _LOW_BITS, v & ((1 << _LOW_BITS) - 1))],
+                    np.int32)
+  rows = multihost_utils.process_allgather(halves)
+  return [tuple((int(row[2 * i]) << _LOW_BITS) + int(row[2 * i + 1]) for i in range(len(values)))
+          for row in rows]
+
+
+def agreed_reserved(reserved: int, budget: int, args: Sequence[Any]) -> int:
+  """`reserved` (bytes other arrays hold per device) as every process of the step
+  agrees on it: the largest reading, so the chosen variant fits on every process.
+  Raises the same ValueError in every process if their budgets differ."""
+  if not spans_processes(args):
+    return reserved
+  rows = all_processes((reserved, budget))
+  if len({b for _, b in rows}) > 1:
+    raise ValueError(f"memory_budget resolves to different bytes across processes "
+                     f"({sorted({b for _, b in rows})}); give it in bytes")
+  return max(r for r, _ in rows)
+
+
+def agreed_footprint(footprint: int, args: Sequence[Any]) -> int:
+  """XLA's footprint of a compiled variant as every process of the step agrees on it
+  (the largest), so the recompile loop takes the same branch everywhere."""
+  if not spans_processes(args):
+    return footprint
+  return max(r for (r,) in all_processes((footprint,)))

@@ -34,6 +34,8 @@ import jax
 
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import fence
+from jax_symmem._src.device import agreed_footprint as _agreed_footprint
+from jax_symmem._src.device import agreed_reserved as _agreed_reserved
 from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import interpret
@@ -158,6 +160,8 @@ class SymmemFunction:
       # Per device; NumPy arguments are not among the live arrays the probe counts.
       arg_bytes = sum(a.nbytes // d for a, d in zip(flat, splits) if isinstance(a, jax.Array))
       reserved = max(0, _live_bytes() - arg_bytes)
+      # Arrays over several processes: the largest reading of any (device.py).
+      reserved = _agreed_reserved(reserved, budget, flat)
     dims_key = tuple(sorted(dims.items()))
     key = (static_key, dims_key, reserved >> 20, budget)
     with self._lock:
@@ -322,6 +326,7 @@ class SymmemFunction:
       ma = exe.memory_analysis()
       footprint = (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
                    - ma.alias_size_in_bytes) if ma is not None else 0
+      footprint = _agreed_footprint(footprint, flat)   # same branch in every process
       # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
       # (only when it sees every buffer: not with jax.jit's own options, F2).
       if truthful and footprint:

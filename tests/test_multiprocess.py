@@ -1,0 +1,142 @@
+"""symmem.jit across processes: 2 processes x 4 CPU devices (jax.distributed on 127.0.0.1).
+
+Every process of an SPMD step must dispatch the same variant at the same call.
+tests/multiprocess_llama.py makes the processes' local live-memory readings
+differ on purpose; here both processes' records are compared.
+"""
+
+import functools
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from jax_symmem._src import device
+
+TIMEOUT_S = 600   # both processes together; ~45 CPU-s each (113-218 s wall at load average 8-13)
+
+
+def _free_port() -> int:
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _run() -> dict:
+  """{(layout, process id): the worker's JSON record}; a failure is raised again, not rerun."""
+  records, error = _run_once()
+  if error is not None:
+    raise error
+  return records
+
+
+@functools.lru_cache(maxsize=None)
+def _run_once():
+  try:
+    return _launch(), None
+  except AssertionError as e:
+    return None, e
+
+
+def _launch() -> dict:
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
+             JAX_PLATFORMS="cpu")
+  port = _free_port()
+  with tempfile.TemporaryDirectory() as tmp:
+    procs, logs = [], []
+    try:
+      for i in range(2):
+        out, err = (open(os.path.join(tmp, f"{name}{i}"), "w+") for name in ("out", "err"))
+        logs.append((out, err))
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "tests.multiprocess_llama", str(i), str(port)],
+            cwd=root, env=env, stdout=out, stderr=err, text=True))
+      deadline = time.monotonic() + TIMEOUT_S
+      # A failed process leaves the other waiting in a collective: stop at the first failure.
+      while any(p.poll() is None for p in procs) and all(p.poll() in (None, 0) for p in procs):
+        assert time.monotonic() < deadline, f"no result after {TIMEOUT_S} s"
+        time.sleep(0.2)
+    finally:
+      killed = set()
+      for i, p in enumerate(procs):
+        if p.poll() is None:
+          p.kill()
+          p.wait()
+          killed.add(i)
+    records = {}
+    # The process that failed on its own first: its error is the cause.
+    for i in sorted(range(len(procs)), key=lambda i: i in killed):
+      p, (out, err) = procs[i], logs[i]
+      out.seek(0), err.seek(0)
+      stdout, stderr = out.read(), err.read()
+      out.close(), err.close()
+      assert p.returncode == 0, (f"process {i} {'was killed' if i in killed else 'exited'} with "
+                                 f"{p.returncode}:\n{stderr[-4000:]}")
+      for line in stdout.splitlines():
+        if line.startswith("{"):
+          r = json.loads(line)
+          records[r["layout"], r["process"]] = r
+  return records
+
+
+@pytest.mark.parametrize("layout", ["data", "tensor"])
+def test_processes_dispatch_the_same_variants_and_match_jax_jit(layout):
+  p0, p1 = _run()[layout, 0], _run()[layout, 1]
+  decision = lambda c: (c["b"], c["s"], c["round"], c["reserved"], c["budget"], c["xla_bytes"])
+  assert [decision(c) for c in p0["calls"]] == [decision(c) for c in p1["calls"]]
+  assert p0["variants"] == p1["variants"]     # (b, s, round, XLA bytes, memory options)
+  assert p0["cache_info"] == p1["cache_info"]
+  assert p0["cache_info"]["fallback_calls"] == 0
+  for c0, c1 in zip(p0["calls"], p1["calls"]):
+    # The local readings differ (process 1 holds more); both use the larger one.
+    assert c1["local_reserved"] > c0["local_reserved"]
+    assert c0["reserved"] == c1["reserved"] == c1["local_reserved"]
+  # Call 1: process 0's own reading would have taken the fast path (jax.jit's options);
+  # the agreed one compiled the memory-saving options. Calls 2-3: process 0 alone would
+  # dispatch round 0 (its predicted peak fits); the agreed reading needs a later round.
+  first, later = p0["calls"][0], p0["calls"][1:]
+  assert first["budget"] - first["local_reserved"] >= 2 * first["model_round0"]
+  assert p0["variants"][-1][:3] == [16, 64, 0] and p0["variants"][-1][4]
+  for c in later:
+    assert c["budget"] - c["local_reserved"] >= 1.2 * c["round0_predicted"]
+    assert c["round"] > 0
+  for p in (p0, p1):
+    # Every element of the losses and updated parameters: |d| <= 1e-6 + 1e-5 |jax.jit's|.
+    assert p["max_rel_err"] <= 1.0
+    for c in p["calls"]:
+      assert c["loss"] == pytest.approx(c["loss_ref"], rel=1e-5)
+
+
+def test_one_process_exchanges_nothing(monkeypatch):
+  def fail(_):
+    raise AssertionError("no collective with one process")
+  monkeypatch.setattr(device.multihost_utils, "process_allgather", fail)
+  import jax.numpy as jnp
+  x = jnp.ones(4)
+  assert device.agreed_reserved(123, 456, [x]) == 123
+  assert device.agreed_footprint(789, [x]) == 789
+
+
+def test_readings_travel_exactly_above_int32(monkeypatch):
+  rows = [(5 * 2**40 + 12345, 2**31 - 1), (7, 3 * 2**33)]
+  monkeypatch.setattr(device, "spans_processes", lambda args: True)
+  def gather(halves):   # what process_allgather returns: one row per process
+    assert halves.dtype == np.int32
+    mine = [(int(halves[0]) << 30) + int(halves[1]), (int(halves[2]) << 30) + int(halves[3])]
+    assert mine == list(rows[0])
+    return np.stack([halves, _halves(rows[1])])
+  monkeypatch.setattr(device.multihost_utils, "process_allgather", gather)
+  assert device.all_processes(rows[0]) == rows
+  with pytest.raises(ValueError, match="different bytes across processes"):
+    device.agreed_reserved(*rows[0], [])
+
+
+def _halves(values):
+  return np.array([h for v in values for h in (v >> 30, v & (2**30 - 1))], np.int32)
