@@ -88,9 +88,33 @@ def _gpt2() -> Workload:
       (128, 256, 512))
 
 
+def _nnx_scan() -> Workload:
+  from flax import nnx
+  from jax_symmem.examples import llama, llama_nnx
+  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  def step(policy):
+    return llama_nnx.pure_train_step(*llama_nnx.init_state(cfg, scan_layers=True,
+                                                           remat_policy=policy))
+  return Workload(
+      "nnx_scan", step, lambda: nnx.state(llama_nnx.init_state(cfg, scan_layers=True)),
+      lambda s: llama.example_batch(cfg, 4, s), lambda s: {"b": 4, "s": s},
+      (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
+
+
+def _t5() -> Workload:
+  from jax_symmem.examples import t5
+  cfg = t5.PRESETS["small"]
+  # Target half the source length, as in summarization-style fine-tuning.
+  return Workload(
+      "t5", lambda policy: t5.train_step_fn(t5.T5(cfg, policy)), lambda: t5.init_state(cfg),
+      lambda s: t5.example_batch(cfg, 4, s, s // 2), lambda s: {"b": 4, "s": s, "t": s // 2},
+      t5.POLYMORPHIC_SHAPES, t5.step_constraints(512, 256, 4), (128, 256, 512))
+
+
 WORKLOADS = {
     "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
-    "llama_scan_remat": lambda: _llama(True, annotated=True), "gpt2": _gpt2,
+    "llama_scan_remat": lambda: _llama(True, annotated=True), "nnx_scan": _nnx_scan,
+    "gpt2": _gpt2, "t5": _t5,
 }
 
 
@@ -154,7 +178,7 @@ def _real(workload, variant, length, budget=0) -> dict:
 
 
 def _close(a, b) -> bool:
-  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-5)
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
@@ -202,7 +226,13 @@ def run_workload(w: Workload, passes: int) -> dict:
     if jit_real["real"] <= budget:
       fns["jit"] = ref
     times = _time(fns, args, passes)
-    same = _close(step(*args), ref(*args))
+    # Numerics against jax.jit compiled with the XLA options of the variant that ran: the
+    # memory-saving options change reduction order, and AdamW amplifies that on tiny
+    # gradients (DESIGN.md; tests/test_loop_remat.py does the same).
+    (variant,) = [v for v in step.variants() if v["dims"] == dims]
+    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
+               else jit_lib.FAST_PATH_CPU_OPTIONS)
+    same = _close(step(*args), ref.lower(*args).compile(compiler_options=options)(*args))
     row = {
         "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
         "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,

@@ -136,16 +136,9 @@ def init_state(cfg: LlamaConfig, seed: int = 0, learning_rate: float = 1e-3, *,
   return model, nnx.Optimizer(model, llama.make_optimizer(learning_rate), wrt=nnx.Param)
 
 
-def make_nnx_train_step(model: Llama, optimizer: nnx.Optimizer, *, use_symmem: bool = False,
-                        memory_budget=None, max_len: int | None = None, max_batch: int = 16):
-  """`step(model, optimizer, tokens, mask) -> loss`, updating both in place.
-
-  The jitted function is pure, `(state, tokens, mask) -> (state, loss)` over
-  `nnx.state((model, optimizer))`, and is `step.jitted` (for `cache_info()`).
-  `use_symmem=True` compiles it with `symmem.jit` (symbolic (b, s)) instead of
-  `jax.jit`; `memory_budget`, `max_len` (default the model's `cfg.max_len`) and
-  `max_batch` are as in `llama.make_train_step`.
-  """
+def pure_train_step(model: Llama, optimizer: nnx.Optimizer):
+  """The pure `(state, tokens, mask) -> (state, loss)` step over `nnx.state((model,
+  optimizer))`: what `make_nnx_train_step` jits (and what a benchmark compiles)."""
   graphdef, _ = nnx.split((model, optimizer))
 
   def pure_step(state, tokens, mask):
@@ -156,6 +149,20 @@ def make_nnx_train_step(model: Llama, optimizer: nnx.Optimizer, *, use_symmem: b
     optimizer.update(model, grads)
     return nnx.state((model, optimizer)), loss
 
+  return pure_step
+
+
+def make_nnx_train_step(model: Llama, optimizer: nnx.Optimizer, *, use_symmem: bool = False,
+                        memory_budget=None, max_len: int | None = None, max_batch: int = 16):
+  """`step(model, optimizer, tokens, mask) -> loss`, updating both in place.
+
+  The jitted function is pure, `(state, tokens, mask) -> (state, loss)` over
+  `nnx.state((model, optimizer))`, and is `step.jitted` (for `cache_info()`).
+  `use_symmem=True` compiles it with `symmem.jit` (symbolic (b, s)) instead of
+  `jax.jit`; `memory_budget`, `max_len` (default the model's `cfg.max_len`) and
+  `max_batch` are as in `llama.make_train_step`.
+  """
+  pure_step = pure_train_step(model, optimizer)
   jitted = llama.jit_step(pure_step, use_symmem=use_symmem, memory_budget=memory_budget,
                           max_len=model.cfg.max_len if max_len is None else max_len,
                           max_batch=max_batch)
