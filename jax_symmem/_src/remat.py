@@ -310,6 +310,18 @@ class Round:
     return memory.peak_at(self.graph, dims, self.program, self.order)
 
 
+def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
+  """Each value a block added -> the value it copies: fenced anchors are their
+  anchors, a clone's outputs are the originals' (for `ShapeGraph.extended`)."""
+  copies = {}
+  for b in blocks:
+    fence = program.nodes[b.barrier]
+    copies.update(zip(fence.outputs, fence.inputs))
+    for i, j in zip(b.clones, b.region.nodes):   # clones in the region's node order
+      copies.update(zip(program.nodes[i].outputs, program.nodes[j].outputs))
+  return copies
+
+
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
                 shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
                 per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:
@@ -349,7 +361,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
     rewritten, new_order, blocks = apply_regions(program, last.order, flat)
     loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
     rounds.append(Round(tuple(chosen), blocks, rewritten, new_order,
-                        last.graph.extended(rewritten), loops))
+                        last.graph.extended(rewritten, _copies(rewritten, blocks)), loops))
     peak = rounds[-1].peak_at(tight)
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:

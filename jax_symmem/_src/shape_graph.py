@@ -192,12 +192,24 @@ class ShapeGraph:
                                                variables=[v for v, _, _ in cons.bounds])
     return cons, tuple(relations), tuple(implied)
 
-  def extended(self, program: Program) -> "ShapeGraph":
-    """This graph plus the values of `program` (e.g. a rewrite that added nodes)."""
+  def extended(self, program: Program, copies: Mapping[int, int] | None = None) -> "ShapeGraph":
+    """This graph plus the values of `program` (e.g. a rewrite that added nodes).
+
+    `copies` maps a new value to the value it is a copy of (a recomputed clone, a
+    fenced anchor): it takes that value's dims and bytes, so a per-device graph
+    (`per_device`) keeps counting one shard of it.
+    """
     new = object.__new__(ShapeGraph)
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
     values = dict(self.values)
-    new._collect(program, values, [])
+    fresh: dict[int, ValueInfo] = {}
+    new._collect(program, fresh, [])
+    for vid, info in fresh.items():
+      if vid in values:
+        continue
+      original = values.get((copies or {}).get(vid))
+      values[vid] = info if original is None else dataclasses.replace(
+          info, dims=original.dims, bytes=original.bytes)
     new.values = values
     return new
 
