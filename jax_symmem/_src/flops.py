@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node
+from jax_symmem._src.ir import Const, Node
 
 
 def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:

@@ -32,7 +32,7 @@ from jax_symmem._src.flops import at_dims, flops
 from jax_symmem._src import tracing
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # Ops a regeneration may not repeat: effects, collectives and host callbacks. Unlike
 # the flat planner, functional random ops and nested control flow may be recomputed

@@ -34,7 +34,7 @@ import numpy as np
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # primitive name -> node -> index of the operand that output 0 aliases (eager execution).
 # Measured: `stop_gradient` returns its operand object and `random_wrap` /

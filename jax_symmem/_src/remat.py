@@ -29,7 +29,7 @@ from jax_symmem._src import memory
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # --- per-primitive rules ------------------------------------------------------------
 

@@ -27,7 +27,7 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Program
+from jax_symmem._src.ir import Const, Program
 
 
 @dataclasses.dataclass(frozen=True)
