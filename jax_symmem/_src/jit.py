@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import functools
 import math
-import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -40,10 +39,9 @@ from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import interpret
 from jax_symmem._src import sharding as sharding_lib
-from jax_symmem._src import jax_dims
 from jax_symmem._src import tracing
+from jax_symmem._src import validation
 from jax_symmem._src.errors import BudgetError, ShapeError, ShapeSpecError, SymmemError
-from jax_symmem._src.poly import Poly, Var
 
 # XLA:CPU options for variants compiled under a memory budget: keep our fences
 # (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
@@ -131,7 +129,7 @@ class SymmemFunction:
     try:
       analysis = self._analysis(static_key, bound, dyn_args)
     except ShapeSpecError:
-      self._check_arrays(dyn_args)   # a str or Python number: say so as jax.jit does (TypeError)
+      validation.check_arrays(self._caller(), dyn_args)   # a str or Python number: TypeError
       raise
     if analysis is None:
       return self._call_fallback(static_key, args, kwargs)
@@ -147,11 +145,11 @@ class SymmemFunction:
     if any(getattr(x, "dtype", None) != d for x, d in zip(flat, spec_dtypes)):
       # The executables are specialized to the traced dtypes: another dtype would be
       # reinterpreted by the traced program (e.g. bool -> int casts), never retraced.
-      self._check_dtypes(traced, dyn_args, spec_dtypes)
+      validation.check_dtypes(self._caller(), traced, dyn_args, spec_dtypes)
     try:
       dims = traced.bind_dims(*dyn_args)
     except ShapeError:
-      self._explain_shape_error(traced, dyn_args)
+      validation.explain_shape_error(self._caller(), traced, dyn_args)
       raise
     budget = self._budget()
     reserved = 0
@@ -202,6 +200,9 @@ class SymmemFunction:
     if a is None:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
     return a
+
+  def _caller(self) -> validation.Caller:
+    return validation.Caller(self.__name__, self._static_argnums, self._constraints)
 
   def _budget(self) -> int | None:
     # The device's limit does not change while the process runs: resolve once.
@@ -394,69 +395,6 @@ class SymmemFunction:
       self._counts["fallback_calls"] += 1
       self.last_call = {"fallback": True}
     return self._fallbacks[static_key](*args, **kwargs)
-
-  # -- argument validation (error paths only: the hot path compares dtypes and nothing else) --
-  def _where(self, path) -> str:
-    """`args[i]...` with i the positional index the caller used (static arguments counted)."""
-    i, seen = -1, -1
-    while seen < path[0].idx:
-      i += 1
-      seen += i not in self._static_argnums
-    return f"args[{i}]{jax.tree_util.keystr(path[1:])}"
-
-  def _check_arrays(self, dyn_args) -> None:
-    """TypeError for a leaf that is not an array (jax.jit raises TypeError for a str too)."""
-    for path, x in jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]:
-      if hasattr(x, "shape") and hasattr(x, "dtype"):
-        continue
-      if isinstance(x, (bool, int, float, complex)):
-        # jax.jit would trace it as a weakly typed scalar; jax.export's specs drop weak
-        # types, so tracing it as f32/i32 could change the result dtype: refuse instead.
-        raise TypeError(
-            f"{self.__name__}: argument {self._where(path)} is a Python {type(x).__name__} "
-            f"({x!r}); symmem.jit traces array arguments only: pass jnp.asarray({x!r}, dtype) for "
-            "a value that changes between calls, or mark it static (static_argnums) for a constant")
-      raise TypeError(
-          f"{self.__name__}: argument {self._where(path)} of type {type(x).__name__} ({x!r:.40}) "
-          "is not an array; mark it static with static_argnums/static_argnames")
-
-  def _check_dtypes(self, traced, dyn_args, spec_dtypes) -> None:
-    self._check_arrays(dyn_args)
-    paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
-    for (path, x), want in zip(paths, spec_dtypes):
-      if jax.dtypes.canonicalize_dtype(x.dtype) != want:   # float64 is float32 without x64
-        raise TypeError(
-            f"{traced.fun_name}: argument {self._where(path)} has dtype {x.dtype}, but it was "
-            f"traced for {want}; symmem.jit traces once per static arguments: cast it "
-            f"(x.astype({want})) or use a separate symmem.jit for the other dtype")
-
-  def _explain_shape_error(self, traced, dyn_args) -> None:
-    """A clearer ShapeError for an axis traced static whose size changed, or a size that
-    is no multiple its spec declares (e.g. 8*k from 's == 8*k')."""
-    paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
-    for (path, x), spec in zip(paths, jax.tree_util.tree_leaves(traced.in_specs)):
-      shape = tuple(getattr(x, "shape", ()))
-      if len(shape) != len(spec.shape):
-        continue
-      for axis, (d, n) in enumerate(zip(spec.shape, shape)):
-        where = f"{traced.fun_name}: argument {self._where(path)} has shape {shape}, but axis {axis}"
-        if isinstance(d, int):
-          if d != n:
-            raise ShapeError(
-                f"{where} was traced as a constant {d} (polymorphic_shapes gives it '_', a number "
-                "or None); a size that changes between calls must be a symbolic dim in "
-                "polymorphic_shapes, e.g. 'b, s'")
-          continue
-        p = jax_dims.to_poly(d)
-        if len(p.variables()) != 1 or p.degree() != 1:
-          continue
-        (v,) = p.variables()
-        coeff = p.as_dict().get(((Var(v), 1),))
-        rest = (p - coeff * Poly.var(v)).evaluate({})
-        if coeff and ((n - rest) % coeff or (n - rest) // coeff < 1):
-          declared = [c for c in self._constraints if re.search(rf"\b{v}\b", c)]
-          raise ShapeError(f"{where} must be {p} for some integer {v} >= 1 (constraints: "
-                           f"{', '.join(declared) or 'none'}), and {n} is not")
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
