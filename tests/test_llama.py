@@ -15,6 +15,10 @@ from jax_symmem.examples import llama
 from jax_symmem.examples import llama_nnx
 
 CFG = llama.PRESETS["tiny"]
+# The fast tier's model: one layer, the same code paths at a third of the compile time.
+CFG_ONE_LAYER = llama.LlamaConfig(vocab=64, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                                  max_len=64)
+CONFIGS = {"tiny": CFG, "one_layer": CFG_ONE_LAYER}
 # Three steps at two shapes: a second shape compiles, the repeat is a cache hit.
 BATCHES = ((2, 16), (3, 40), (2, 16))
 SHAPES = (None, "b, s", "b, s")
@@ -34,37 +38,47 @@ def _assert_tree_close(got, want):
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _run_linen(step, initial):
+def _run_linen(step, initial, cfg=CFG):
   state, losses = initial, []
-  for tokens, mask in _batches():
+  for tokens, mask in _batches(cfg):
     state, loss = step(state, tokens, mask)
     losses.append(float(loss))
   return state, losses
 
 
 @pytest.fixture(scope="module")
-def linen_init():
-  # Immutable arrays, never donated: safe to share between tests. Module scope, so
-  # they are released (and not counted as live by later modules' tests) afterwards.
-  yield llama.init_state(CFG, seed=0)
+def linen_states():
+  """config name -> (initial state, jax.jit's (state, losses) after the batches).
+
+  Immutable arrays, never donated: safe to share between tests. Module scope, so
+  they are released (and not counted as live by later modules' tests) afterwards.
+  """
+  inits, refs = {}, {}
+  def get(name, reference=True):
+    if name not in inits:
+      inits[name] = llama.init_state(CONFIGS[name], seed=0)
+    if reference and name not in refs:
+      refs[name] = _run_linen(llama.make_train_step(CONFIGS[name]), inits[name], CONFIGS[name])
+    return inits[name], refs.get(name)
+  yield get
+  inits.clear()
+  refs.clear()
   gc.collect()
 
 
-@pytest.fixture(scope="module")
-def linen_reference(linen_init):
-  yield _run_linen(llama.make_train_step(CFG), linen_init)
-  gc.collect()
-
-
-# Without a budget symmem.jit compiles exactly as jax.jit (test_jit covers that path
-# fast on the transformer step); the Llama run of it is in the slow tier.
-@pytest.mark.parametrize("budget", [2**30, pytest.param(None, marks=pytest.mark.slow)])
-def test_linen_symmem_flag_matches_jax_jit(budget, linen_init, linen_reference):
-  step = llama.make_train_step(CFG, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
+# The tiny preset (and without a budget, which compiles exactly as jax.jit: test_jit
+# covers that path fast) in the slow tier; one layer with a budget in the fast one.
+@pytest.mark.parametrize("name,budget", [
+    ("one_layer", 2**30),
+    pytest.param("tiny", 2**30, marks=pytest.mark.slow),
+    pytest.param("tiny", None, marks=pytest.mark.slow)])
+def test_linen_symmem_flag_matches_jax_jit(name, budget, linen_states):
+  cfg = CONFIGS[name]
+  initial, (want_state, want_losses) = linen_states(name)
+  step = llama.make_train_step(cfg, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
                                max_batch=MAX_BATCH)
   assert isinstance(step, symmem.SymmemFunction)
-  state, losses = _run_linen(step, linen_init)
-  want_state, want_losses = linen_reference
+  state, losses = _run_linen(step, initial, cfg)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_tree_close(state, want_state)
   info = step.cache_info()
@@ -94,7 +108,7 @@ def _check_nnx_flag_matches_jax_jit(cfg, batches):
 
 def test_nnx_symmem_flag_matches_jax_jit_one_layer():
   # The NNX path on a one-layer model, two steps at one shape (a compile, then a hit).
-  cfg = llama.LlamaConfig(vocab=64, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=MAX_LEN)
+  cfg = CFG_ONE_LAYER
   _check_nnx_flag_matches_jax_jit(cfg, [llama.example_batch(cfg, 2, 16, seed=k) for k in (0, 1)])
 
 
@@ -104,13 +118,14 @@ def test_nnx_symmem_flag_matches_jax_jit():
 
 
 @pytest.mark.slow
-def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_init):
+def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_states):
   # A budget between the no-eviction and the lowest modeled peak: a remat round runs,
   # compiled with the memory-saving XLA options. Against plain jax.jit, AdamW turns
   # the options' rounding noise on near-zero gradients into ~1e-4 differences in a
   # few weights, so the reference is jax.jit compiled with the same options.
   from jax_symmem._src import jit as jit_lib
-  state, (tokens, mask) = linen_init, llama.example_batch(CFG, 4, 64)
+  state, _ = linen_states("tiny", reference=False)
+  tokens, mask = llama.example_batch(CFG, 4, 64)
   dims = {"b": 4, "s": 64}
   probe = llama.make_train_step(CFG, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH)
   analysis = probe.analyze(state, tokens, mask)

@@ -48,7 +48,7 @@ def _check_model_equals_executor(name, shapes):
 
 
 # The transformer step op by op costs ~10 s per shape (each primitive compiles per
-# shape): all five shapes in the slow tier, two in the fast one.
+# shape): all five shapes in the slow tier, one in the fast one.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
                                   if n == "transformer_step" else n for n in CASE_IDS])
 def test_model_equals_reference_executor_at_every_step(name):
@@ -56,10 +56,9 @@ def test_model_equals_reference_executor_at_every_step(name):
   _check_model_equals_executor(name, case.shapes)
 
 
-def test_model_equals_reference_executor_on_the_transformer_step_at_two_shapes():
+def test_model_equals_reference_executor_on_the_transformer_step_at_one_shape():
   case = next(c for c in CASES if c.name == "transformer_step")
-  # b < s and b > s: each dim drives some value's size.
-  _check_model_equals_executor("transformer_step", (case.shapes[1], case.shapes[3]))
+  _check_model_equals_executor("transformer_step", (case.shapes[3],))   # b=8, s=9
 
 
 @pytest.mark.parametrize("name", ["scan", "cond"])
