@@ -17,8 +17,8 @@ it is the paper's OOM, and (d) must evict there. Reported per variant: the real
 peak (fresh process, DESIGN.md F3: VmHWM - VmRSS around one warm call, plus the
 resident argument bytes) at the longest bucket (for (d) also the median one) and
 the memory model's; throughput (real tokens/s over the same batches after
-compiling every shape: several passes, each running the variants in turn, the
-median per variant, and the ratio to (b)); the rounds (d) ran per bucket
+compiling every shape: several passes, each running the variants in turn, each
+batch's median step time per variant, and the ratio to (b)); the rounds (d) ran per bucket
 (`step.last_call`); compiles; and planning time, once for all shapes (d) vs per
 shape (the static planner at every distinct shape).
 
@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import os
+import resource
 import sys
 import time
 
@@ -159,25 +160,26 @@ def format_rounds(counts: dict) -> str:
 
 def time_interleaved(steps: dict, prepared: dict, buckets: list, state0, passes: int) -> dict:
   """Each pass runs every variant in turn over the same batches, from the same state;
-  the order of the variants rotates between passes (so none is always first after
-  another's allocations). Returns per variant: seconds per pass, the last loss and,
-  for symmem.jit variants, the rounds dispatched per bucket in each pass (from
-  `step.last_call`)."""
-  out = {v: {"seconds": [], "rounds": []} for v in steps}
+  the order of the variants rotates between passes (so none always follows the same
+  other). Every step is timed to completion. Returns per variant: the seconds of each
+  step in each pass, the last loss and, for symmem.jit variants, the rounds dispatched
+  per bucket in each pass (from `step.last_call`)."""
+  out = {v: {"step_seconds": [], "rounds": []} for v in steps}
   names = list(steps)
   for p in range(passes):
     for v in names[p % len(names):] + names[:p % len(names)]:
       step, batches = steps[v], prepared[v]
       symbolic = isinstance(step, symmem.SymmemFunction)
-      rounds = []
+      rounds, seconds = [], []
       state = state0
-      t0 = time.perf_counter()
       for t, m in batches:
+        t0 = time.perf_counter()
         state, loss = step(state, t, m)
+        jax.block_until_ready((state, loss))
+        seconds.append(time.perf_counter() - t0)
         if symbolic:
           rounds.append(step.last_call["round"])
-      jax.block_until_ready((state, loss))
-      out[v]["seconds"].append(time.perf_counter() - t0)
+      out[v]["step_seconds"].append(seconds)
       out[v]["final_loss"] = float(loss)
       if symbolic:
         per_bucket: dict = {}
@@ -252,10 +254,14 @@ def run_batch_size(cfg: llama.LlamaConfig, batch: int, lengths: np.ndarray, step
   row["variants"] = {}
   for v in VARIANTS:
     step, t = built[v], timed[v]
-    seconds = float(np.median(t["seconds"]))
+    # Each batch's median over the passes, summed: a burst of other load that slows
+    # one pass of a batch does not move it.
+    seconds = float(np.sum(np.median(np.array(t["step_seconds"]), axis=0)))
+    per_pass = [float(sum(x)) for x in t["step_seconds"]]
     info = {"compile_and_first_calls_s": compile_s[v], "seconds": seconds,
-            "seconds_per_pass": t["seconds"], "tokens_per_s": real_tokens / seconds,
-            "tokens_per_s_per_pass": [real_tokens / x for x in t["seconds"]],
+            "seconds_per_pass": per_pass, "step_seconds": t["step_seconds"],
+            "tokens_per_s": real_tokens / seconds,
+            "tokens_per_s_per_pass": [real_tokens / x for x in per_pass],
             "final_loss": t["final_loss"],
             "padded_tokens": int(sum(x.size for x, _ in prepared[v]))}
     if isinstance(step, symmem.SymmemFunction):
@@ -324,9 +330,9 @@ def checks(rows) -> list[tuple[str, bool, str]]:
                   real[k]["real"] <= slack, f"{real[k]['real'] / MiB:.1f} <= {slack / MiB:.1f}"))
     long_rounds = [k for p in r["variants"]["symmem"]["rounds_per_pass"]
                    for k, n in p.get(longest, {}).items() for _ in range(n)]
+    ran = rounds_run(r["variants"]["symmem"])["per_bucket"].get(longest, {})
     out.append((f"b={b}: (d) runs a remat round > 0 at s={longest} (every timed batch there)",
-                bool(long_rounds) and min(long_rounds) > 0,
-                f"rounds {format_rounds(rounds_run(r['variants']['symmem'])['per_bucket'].get(longest, {}))}"))
+                bool(long_rounds) and min(long_rounds) > 0, f"rounds {format_rounds(ran)}"))
     ratio = model["symmem"] / model["static_planner_at_longest"]
     out.append((f"b={b}: model (d)/(a)-planner at the longest shape <= 1.01", ratio <= 1.01,
                 f"{ratio:.4f}"))
@@ -347,8 +353,8 @@ def print_table(cfg, rows, out=sys.stdout):
     p(f"\nbatch {r['batch']}: {r['batches']} batches, buckets {r['buckets'][0]}..{r['buckets'][-1]} "
       f"({len(r['buckets'])}), budget {r['budget'] / MiB:.1f} MiB = {r['budget_rule']} "
       f"(modeled round-0 peak {r['model_round0_at_longest'] / MiB:.1f} MiB)")
-    p(f"  tokens/s: median of {r['passes']} interleaved passes over the same {r['steps_per_pass']} "
-      f"batches; rounds: batches per round in one pass")
+    p(f"  tokens/s: {r['passes']} interleaved passes over the same {r['steps_per_pass']} batches, "
+      f"each batch's median step time over the passes; rounds: batches per round in one pass")
     p(f"  {'variant':<20} {'real peak':>10} {'model':>8} {'vs budget':>10} {'tokens/s':>9} "
       f"{'vs (b)':>7} {'compiles':>8}  rounds")
     for v in VARIANTS:
@@ -374,14 +380,15 @@ def print_table(cfg, rows, out=sys.stdout):
     xla = {}
     for v_ in sym["variants"]:
       xla.setdefault(v_["dims"]["s"], []).append(f"r{v_['round']} {v_['xla_bytes'] / MiB:.1f}")
-    p(f"  (d) per bucket: s, batches per round run{' (summed over passes)' if run['passes'] > 1 else ''}"
-      f", round the model picks, XLA MiB of each compiled round:")
+    summed = " (summed over passes)" if run["passes"] > 1 else ""
+    p(f"  (d) per bucket: s, batches per round run{summed}, round the model picks, "
+      f"XLA MiB of each compiled round:")
     for s_ in r["buckets"]:
       p(f"    s={s_:<5} {format_rounds(run['per_bucket'].get(s_, {})):<12} "
         f"model r{r['model_round_per_bucket'][s_]}   XLA {', '.join(xla.get(s_, []))}")
     med = r["real"]["symmem_median"]
-    p(f"  (d) real peak in a fresh process: s={r['buckets'][-1]} round {r['real']['symmem']['round']}, "
-      f"s={med['seq']} round {med['round']}: {med['real'] / MiB:.1f} MiB "
+    p(f"  (d) real peak in a fresh process: s={r['buckets'][-1]} round "
+      f"{r['real']['symmem']['round']}, s={med['seq']} round {med['round']}: {med['real'] / MiB:.1f} MiB "
       f"(model {r['model']['symmem_median'] / MiB:.1f} MiB)")
     p(f"  (d) vs (a) at s={r['buckets'][-1]}: real {r['real']['symmem']['real'] / r['real']['static']['real']:.3f}")
     p(f"  planning: once {r['planning_once_s']:.1f} s for every shape vs per shape "
@@ -439,14 +446,14 @@ def main(argv=None):
   parser.add_argument("--preset", default=None, help="a llama.PRESETS name (default: embedded)")
   parser.add_argument("--batch_sizes", default=None, help="comma-separated (default 2; full 2,4)")
   parser.add_argument("--steps", type=int, default=None, help="batches per timed pass")
-  parser.add_argument("--passes", type=int, default=5,
-                      help="interleaved timed passes (tokens/s: the median)")
+  parser.add_argument("--passes", type=int, default=9,
+                      help="interleaved timed passes (per batch: the median step time)")
   parser.add_argument("--pad_multiple", type=int, default=None, help="default 128; full 64")
   parser.add_argument("--out", default=None)
   a = parser.parse_args(argv)
   cfg = llama.PRESETS[a.preset] if a.preset else (llama.PRESETS["small"] if a.full else DEMO_CONFIG)
   batch_sizes = [int(x) for x in (a.batch_sizes or ("2,4" if a.full else "2")).split(",")]
-  steps = a.steps or (48 if a.full else 18)
+  steps = a.steps or (48 if a.full else 12)
   out_path = a.out or f"experiments/results/table1{'' if a.full else '_demo'}.json"
   a.pad_multiple = a.pad_multiple or (64 if a.full else 128)
   lengths = batching.load_codealpaca_lengths()
@@ -461,7 +468,10 @@ def main(argv=None):
   print()
   for name, ok, detail in results:
     print(f"  {'PASS' if ok else 'FAIL'}  {name}: {detail}")
-  print(f"\ntotal {time.perf_counter() - t0:.0f} s")
+  usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+  cpu = sum(u.ru_utime + u.ru_stime for u in usage)
+  print(f"\ntotal {time.perf_counter() - t0:.0f} s wall, {cpu:.0f} s CPU (this process and its "
+        f"measurement processes), load average {os.getloadavg()[0]:.1f}")
   os.makedirs(os.path.dirname(out_path), exist_ok=True)
   with open(out_path, "w") as f:
     json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "steps": steps, "passes": a.passes,

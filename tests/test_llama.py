@@ -1,6 +1,7 @@
 """The Flax examples: the one-flag switch to symmem.jit keeps the numbers, bucketing, tracing."""
 
 import gc
+from unittest import mock
 
 import chex
 from flax import nnx
@@ -132,7 +133,10 @@ def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(l
   peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
   step = llama.make_train_step(CFG, use_symmem=True, memory_budget=(min(peaks) + peaks[0]) // 2,
                                max_len=MAX_LEN, max_batch=MAX_BATCH)
-  got = step(state, tokens, mask)
+  # The budget is a few MiB: the reference states this module holds must not count
+  # against it as other live arrays.
+  with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+    got = step(state, tokens, mask)
   (variant,) = step.variants()
   assert variant["round"] > 0 and step.cache_info()["fallback_calls"] == 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
