@@ -5,6 +5,7 @@ import logging as py_logging
 import threading
 
 from absl import logging
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,8 +25,7 @@ SHAPES = (None, "b, s", "b, s")
 
 
 def _assert_tree_close(got, want, rtol=1e-5):
-  for g, w in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
-    np.testing.assert_allclose(g, w, rtol=rtol, atol=1e-6)
+  chex.assert_trees_all_close(got, want, rtol=rtol, atol=1e-6)   # same structure, leaf by leaf
 
 
 @functools.lru_cache(maxsize=None)

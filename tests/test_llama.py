@@ -1,6 +1,7 @@
 """The Flax examples: the one-flag switch to symmem.jit keeps the numbers, bucketing, tracing."""
 
 import gc
+from unittest import mock
 
 import chex
 from flax import nnx
@@ -16,6 +17,10 @@ from jax_symmem.examples import llama_nnx
 from tests import budgets
 
 CFG = llama.PRESETS["tiny"]
+# The fast tier's model: one layer, the same code paths at a third of the compile time.
+CFG_ONE_LAYER = llama.LlamaConfig(vocab=64, d_model=32, n_layers=1, n_heads=2, d_ff=64,
+                                  max_len=64)
+CONFIGS = {"tiny": CFG, "one_layer": CFG_ONE_LAYER}
 # Three steps at two shapes: a second shape compiles, the repeat is a cache hit.
 BATCHES = ((2, 16), (3, 40), (2, 16))
 SHAPES = (None, "b, s", "b, s")
@@ -32,41 +37,50 @@ def _assert_tree_close(got, want):
   # memory_analysis() sees every buffer), which changes gradients by ~1e-7; AdamW's
   # m / sqrt(v) amplifies that on near-zero gradients: observed 4.5e-6 on 1 of 11,008
   # parameters after 3 steps. Without a budget the results are bitwise jax.jit's.
-  got_leaves, want_leaves = jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)
-  assert len(got_leaves) == len(want_leaves)
-  for g, w in zip(got_leaves, want_leaves):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5)
+  chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _run_linen(step, initial):
+def _run_linen(step, initial, cfg=CFG):
   state, losses = initial, []
-  for tokens, mask in _batches():
+  for tokens, mask in _batches(cfg):
     state, loss = step(state, tokens, mask)
     losses.append(float(loss))
   return state, losses
 
 
 @pytest.fixture(scope="module")
-def linen_init():
-  # Immutable arrays, never donated: safe to share between tests. Module scope, so
-  # they are released (and not counted as live by later modules' tests) afterwards.
-  yield llama.init_state(CFG, seed=0)
+def linen_states():
+  """config name -> (initial state, jax.jit's (state, losses) after the batches).
+
+  Immutable arrays, never donated: safe to share between tests. Module scope, so
+  they are released (and not counted as live by later modules' tests) afterwards.
+  """
+  inits, refs = {}, {}
+  def get(name, reference=True):
+    if name not in inits:
+      inits[name] = llama.init_state(CONFIGS[name], seed=0)
+    if reference and name not in refs:
+      refs[name] = _run_linen(llama.make_train_step(CONFIGS[name]), inits[name], CONFIGS[name])
+    return inits[name], refs.get(name)
+  yield get
+  inits.clear()
+  refs.clear()
   gc.collect()
 
 
-@pytest.fixture(scope="module")
-def linen_reference(linen_init):
-  yield _run_linen(llama.make_train_step(CFG), linen_init)
-  gc.collect()
-
-
-@pytest.mark.parametrize("budget", [2**30, None])
-def test_linen_symmem_flag_matches_jax_jit(budget, linen_init, linen_reference):
-  step = llama.make_train_step(CFG, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
+# The tiny preset (and without a budget, which compiles exactly as jax.jit: test_jit
+# covers that path fast) in the slow tier; one layer with a budget in the fast one.
+@pytest.mark.parametrize("name,budget", [
+    ("one_layer", 2**30),
+    pytest.param("tiny", 2**30, marks=pytest.mark.slow),
+    pytest.param("tiny", None, marks=pytest.mark.slow)])
+def test_linen_symmem_flag_matches_jax_jit(name, budget, linen_states):
+  cfg = CONFIGS[name]
+  initial, (want_state, want_losses) = linen_states(name)
+  step = llama.make_train_step(cfg, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
                                max_batch=MAX_BATCH)
   assert isinstance(step, symmem.SymmemFunction)
-  state, losses = _run_linen(step, linen_init)
-  want_state, want_losses = linen_reference
+  state, losses = _run_linen(step, initial, cfg)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_tree_close(state, want_state)
   info = step.cache_info()
@@ -75,21 +89,29 @@ def test_linen_symmem_flag_matches_jax_jit(budget, linen_init, linen_reference):
   assert losses[2] < losses[0]   # the same batch shape again, after two AdamW steps
 
 
-def test_nnx_symmem_flag_matches_jax_jit():
-  results, initial = [], llama_nnx.init_state(CFG, seed=0)
+def _check_nnx_flag_matches_jax_jit(cfg, batches):
+  results, initial = [], llama_nnx.init_state(cfg, seed=0)
   for use_symmem in (False, True):
     model, optimizer = nnx.clone(initial)   # independent Variables, the same initial values
     step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=use_symmem,
                                          memory_budget=2**30 if use_symmem else None,
                                          max_len=MAX_LEN, max_batch=MAX_BATCH)
-    losses = [float(step(model, optimizer, tokens, mask)) for tokens, mask in _batches()]
+    losses = [float(step(model, optimizer, tokens, mask)) for tokens, mask in batches]
     results.append((losses, nnx.state((model, optimizer)), step))
   (want_losses, want_state, _), (losses, state, step) = results
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_tree_close(state, want_state)
   assert isinstance(step.jitted, symmem.SymmemFunction)
-  assert step.jitted.cache_info()["fallback_calls"] == 0, "symmem.jit fell back to jax.jit"
-  assert int(optimizer.step[...]) == len(BATCHES)   # the state was written back each call
+  info = step.jitted.cache_info()
+  assert info["fallback_calls"] == 0, "symmem.jit fell back to jax.jit"
+  assert info["compiles"] == len({t.shape for t, _ in batches})
+  assert int(optimizer.step[...]) == len(batches)   # the state was written back each call
+
+
+def test_nnx_symmem_flag_matches_jax_jit_one_layer():
+  # The NNX path on a one-layer model, two steps at one shape (a compile, then a hit).
+  cfg = CFG_ONE_LAYER
+  _check_nnx_flag_matches_jax_jit(cfg, [llama.example_batch(cfg, 2, 16, seed=k) for k in (0, 1)])
 
 
 @pytest.mark.parametrize("remat_policy", [
@@ -121,13 +143,19 @@ def test_nnx_scanned_layers_symmem_flag_matches_jax_jit(remat_policy):
 
 
 @pytest.mark.slow
-def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_init):
+def test_nnx_symmem_flag_matches_jax_jit():
+  _check_nnx_flag_matches_jax_jit(CFG, _batches())
+
+
+@pytest.mark.slow
+def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(linen_states):
   # A budget between the no-eviction and the lowest modeled peak: a remat round runs,
   # compiled with the memory-saving XLA options. Against plain jax.jit, AdamW turns
   # the options' rounding noise on near-zero gradients into ~1e-4 differences in a
   # few weights, so the reference is jax.jit compiled with the same options.
   from jax_symmem._src import jit as jit_lib
-  state, (tokens, mask) = linen_init, llama.example_batch(CFG, 4, 64)
+  state, _ = linen_states("tiny", reference=False)
+  tokens, mask = llama.example_batch(CFG, 4, 64)
   dims = {"b": 4, "s": 64}
   probe = llama.make_train_step(CFG, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH)
   analysis = probe.analyze(state, tokens, mask)
@@ -135,7 +163,10 @@ def test_linen_step_under_a_tight_budget_matches_jax_jit_with_the_same_options(l
                                memory_budget=budgets.tight_budget(analysis, dims,
                                                                   (state, tokens, mask)),
                                max_len=MAX_LEN, max_batch=MAX_BATCH)
-  got = step(state, tokens, mask)
+  # The budget is a few MiB: the reference states this module holds must not count
+  # against it as other live arrays.
+  with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+    got = step(state, tokens, mask)
   assert step.last_call["round"] > 0 and step.cache_info()["fallback_calls"] == 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
              else jit_lib.GPU_COMPILER_OPTIONS)

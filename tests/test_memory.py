@@ -25,15 +25,14 @@ def _analysis(name):
   return case, traced, graph
 
 
-@pytest.mark.parametrize("name", CASE_IDS)
-def test_model_equals_reference_executor_at_every_step(name):
+def _check_model_equals_executor(name, shapes):
   case, traced, graph = _analysis(name)
   order = schedule.schedule(graph).order
   # Every shape in trace order; the scheduled order at the extremes (same code path).
-  for order_name, o, shapes in (("trace", None, case.shapes),
-                                ("scheduled", order, case.shapes[::len(case.shapes) - 1])):
+  for order_name, o, at in (("trace", None, shapes),
+                            ("scheduled", order, shapes[::max(1, len(shapes) - 1)])):
     prof = memory.profile(graph, order=o)
-    for dims in shapes:
+    for dims in at:
       args = case.make_args(**dims)
       run = executor.execute(traced, args, order=o)
       assert prof.arguments.evaluate(graph.constraints.complete(dims)) == run.arguments
@@ -46,6 +45,20 @@ def test_model_equals_reference_executor_at_every_step(name):
                            jax.tree_util.tree_leaves(jax.jit(case.fun)(*args))):
         scale = float(np.max(np.abs(want), initial=1.0))
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
+
+
+# The transformer step op by op costs ~10 s per shape (each primitive compiles per
+# shape): all five shapes in the slow tier, one in the fast one.
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
+                                  if n == "transformer_step" else n for n in CASE_IDS])
+def test_model_equals_reference_executor_at_every_step(name):
+  case = next(c for c in CASES if c.name == name)
+  _check_model_equals_executor(name, case.shapes)
+
+
+def test_model_equals_reference_executor_on_the_transformer_step_at_one_shape():
+  case = next(c for c in CASES if c.name == "transformer_step")
+  _check_model_equals_executor("transformer_step", (case.shapes[3],))   # b=8, s=9
 
 
 @pytest.mark.parametrize("name", ["scan", "cond"])

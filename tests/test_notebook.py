@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import nbformat
+import pytest
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_step.ipynb"
 
@@ -64,6 +65,7 @@ def _text(cell) -> str:
   return "".join(parts)
 
 
+@pytest.mark.slow   # a Jupyter kernel in a subprocess; the library calls it makes are tested fast
 def test_notebook_runs_headless():
   nb = nbformat.read(NOTEBOOK, as_version=4)
   nb.cells.append(nbformat.v4.new_code_cell("import sys; print(sys.executable); print(sys.prefix)"))

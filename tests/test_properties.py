@@ -100,12 +100,7 @@ def _peaks(a, dims):
   return [a.round_peak(k, dims) for k in range(len(a.rounds))]
 
 
-@hypothesis.settings(max_examples=6, deadline=None)
-@hypothesis.given(ops=PROGRAMS, shapes=st.lists(SHAPES, min_size=1, max_size=2),
-                  budgeted=st.booleans())
-@hypothesis.example(ops=[("attend", 0, 0), ("dense", 1, 0), ("attend", 2, 1), ("fold", 3, 2)],
-                    shapes=[{"b": 3, "s": 17}], budgeted=True)   # always one run with rounds
-def test_jit_matches_jax_jit_values_and_gradients(ops, shapes, budgeted):
+def _check_jit_matches_jax_jit(ops, shapes, budgeted):
   fun = _step(ops)
   budget = None
   if budgeted:
@@ -126,9 +121,40 @@ def test_jit_matches_jax_jit_values_and_gradients(ops, shapes, budgeted):
   assert info["compiles"] >= len({tuple(d.items()) for d in calls})
 
 
-@hypothesis.settings(max_examples=8, deadline=None)
-@hypothesis.given(ops=PROGRAMS, dims=SHAPES, fraction=st.floats(0, 1))
-def test_orders_model_and_budgets(ops, dims, fraction):
+
+def _own_database_key(test, max_examples):
+  # Hypothesis keys its example database on the test's source (plus this attribute):
+  # without it the fast and slow runs of a property replay each other's failures.
+  inner = test.hypothesis.inner_test
+  inner._hypothesis_internal_add_digest = f"max_examples={max_examples}".encode()
+
+
+# Each property runs a few random programs in the fast tier and more in the slow one.
+def _jit_property(max_examples, examples=()):
+  @hypothesis.settings(max_examples=max_examples, deadline=None)
+  @hypothesis.given(ops=PROGRAMS, shapes=st.lists(SHAPES, min_size=1, max_size=2),
+                    budgeted=st.booleans())
+  @hypothesis.example(ops=[("attend", 0, 0), ("dense", 1, 0), ("attend", 2, 1), ("fold", 3, 2)],
+                      shapes=[{"b": 3, "s": 17}], budgeted=True)   # always one run with rounds
+  def test(ops, shapes, budgeted):
+    _check_jit_matches_jax_jit(ops, shapes, budgeted)
+  _own_database_key(test, max_examples)
+  for example in examples:
+    test = hypothesis.example(**example)(test)
+  return test
+
+
+test_jit_matches_jax_jit_values_and_gradients = _jit_property(1)
+# Found by the slow tier (2026-11-30), failing: a budget of a few KiB that symmem.jit
+# runs at (4, 24) (XLA's footprint above it for every round: a warning, the smallest
+# kept) raises BudgetError at (4, 23), where the calibrated prediction of every round
+# is above it. Kept as an explicit example until the library or this property decides
+# which is right.
+test_jit_matches_jax_jit_values_and_gradients_many = pytest.mark.slow(_jit_property(16, [
+    dict(ops=[("add", 0, 0), ("mix", 0, 0)], shapes=[{"b": 4, "s": 23}], budgeted=True)]))
+
+
+def _check_orders_model_and_budgets(ops, dims, fraction):
   fun = _step(ops)
   a = _analyze(fun)
   program = a.traced.program
@@ -165,3 +191,16 @@ def test_orders_model_and_budgets(ops, dims, fraction):
       assert all(p > budget for p in peaks[:k])
     with pytest.raises(symmem.BudgetError, match="smallest achievable peak"):
       dataclasses.replace(a, memory_budget=lowest - 1).peak_bytes(**at)
+
+
+def _orders_property(max_examples):
+  @hypothesis.settings(max_examples=max_examples, deadline=None)
+  @hypothesis.given(ops=PROGRAMS, dims=SHAPES, fraction=st.floats(0, 1))
+  def test(ops, dims, fraction):
+    _check_orders_model_and_budgets(ops, dims, fraction)
+  _own_database_key(test, max_examples)
+  return test
+
+
+test_orders_model_and_budgets = _orders_property(2)
+test_orders_model_and_budgets_many = pytest.mark.slow(_orders_property(20))

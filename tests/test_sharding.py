@@ -6,8 +6,11 @@ import os
 import subprocess
 import sys
 
+import chex
 import jax
 import jax.numpy as jnp
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import numpy as np
 import pytest
 
 import jax_symmem as symmem
@@ -79,6 +82,38 @@ def test_without_shardings_nothing_changes():
       {"b": 4}) == 64
 
 
+def test_shardings_on_a_one_device_mesh_match_jax_jit():
+  # The in_shardings / out_shardings path of symmem.jit in this process (one device:
+  # every divisor is 1, so per-device sizes are the global ones); the 8-device Llama
+  # runs below are in the slow tier.
+  mesh = Mesh(np.array(jax.devices()[:1]).reshape(1, 1), ("data", "model"))
+  w_sharding = NamedSharding(mesh, P(None, "model"))
+  x_sharding = NamedSharding(mesh, P("data", None))
+  shardings = dict(in_shardings=(w_sharding, x_sharding),
+                   out_shardings=(w_sharding, NamedSharding(mesh, P())))
+
+  def step(w, x):
+    loss, g = jax.value_and_grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w)
+    return w - 0.1 * g, loss
+
+  ref = jax.jit(step, **shardings)
+  sym = symmem.jit(step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 64",),
+                   memory_budget=2**30, **shardings)
+  rng = np.random.RandomState(0)
+  w = jax.device_put(jnp.asarray(rng.randn(16, 8), jnp.float32), w_sharding)
+  for b in (8, 32, 8):
+    x = jax.device_put(jnp.asarray(rng.randn(b, 16), jnp.float32), x_sharding)
+    got, want = sym(w, x), ref(w, x)
+    chex.assert_trees_all_close(got, want, rtol=1e-6, atol=1e-7)
+    for g, r in zip(jax.tree_util.tree_leaves(got), jax.tree_util.tree_leaves(want)):
+      assert g.sharding.is_equivalent_to(r.sharding, g.ndim)
+  info = sym.cache_info()
+  assert info["compiles"] == 2 and info["hits"] == 1 and info["fallback_calls"] == 0
+  analysis = sym.analyze(w, x)
+  x_value = analysis.traced.program.inputs[1]
+  assert analysis.graph.bytes(x_value).evaluate({"b": 32}) == 32 * 16 * 4
+
+
 @functools.lru_cache(maxsize=None)
 def _sharded_run() -> list[dict]:
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
@@ -90,6 +125,7 @@ def _sharded_run() -> list[dict]:
   return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
+@pytest.mark.slow   # a subprocess with 8 host devices: ~1 min
 @pytest.mark.parametrize("layout", ["data", "tensor"])
 def test_sharded_llama_step_matches_jax_jit_and_models_per_device(layout):
   result = next(r for r in _sharded_run() if r["layout"] == layout)

@@ -2,17 +2,23 @@
 
 import math
 
+import pytest
+
 from jax_symmem._src import jit as jit_lib
 from jax_symmem.examples import llama
 from experiments import soak
 
-STEPS, BATCH = 30, 4
+BATCH = 4
+ONE_LAYER = llama.LlamaConfig(vocab=256, d_model=64, n_layers=1, n_heads=4, d_ff=172, max_len=256)
 
 
-def test_soak_loop_tiny_stays_within_budget():
-  cfg = llama.PRESETS["tiny"]
-  # Examples up to 192 tokens: 3 buckets (64, 128, 192), so 3 compiles keep the test short.
-  batches = soak.load_batches(BATCH, 64, vocab=cfg.vocab, seed=0, max_length=192)
+# The tiny preset on examples up to 192 tokens: 3 buckets (64, 128, 192), 30 steps; the
+# fast tier runs one layer, 2 buckets (up to 128 tokens), 12 steps.
+@pytest.mark.parametrize("cfg,steps,max_length", [
+    (ONE_LAYER, 12, 128), pytest.param(llama.PRESETS["tiny"], 30, 192, marks=pytest.mark.slow)],
+    ids=["one_layer", "tiny"])
+def test_soak_loop_stays_within_budget(cfg, steps, max_length):
+  batches = soak.load_batches(BATCH, 64, vocab=cfg.vocab, seed=0, max_length=max_length)
   max_len = max(t.shape[1] for t, _ in batches)
   args = soak.abstract_args(cfg, batches[0])
   budget, info = soak.pick_budget(cfg, args, frac=0.5, max_len=max_len, max_batch=BATCH)
@@ -20,9 +26,9 @@ def test_soak_loop_tiny_stays_within_budget():
   step = llama.make_train_step(cfg, use_symmem=True, memory_budget=budget, max_len=max_len,
                                max_batch=BATCH)
   step.analyze(*args)
-  _, res = soak.soak_loop(step, lambda: llama.init_state(cfg), batches, STEPS, budget)
+  _, res = soak.soak_loop(step, lambda: llama.init_state(cfg), batches, steps, budget)
 
-  assert len(res["records"]) == STEPS
+  assert len(res["records"]) == steps
   assert res["over_budget"] == 0 and res["unjudged"] == 0
   assert res["cache_info"]["fallback_calls"] == 0 and res["fallback_steps"] == 0
   assert res["cache_info"]["compiles"] <= len(res["shapes"]) * (1 + jit_lib.MAX_RECOMPILES)
