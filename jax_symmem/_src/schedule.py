@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
+from jax_symmem._src import progress
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import Const, Program
@@ -105,6 +106,7 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
   candidates, moves, counts = {}, {}, collections.Counter()
   for k, point in enumerate(points):
+    progress.update("schedule candidates at shape of interest", k + 1, len(points))
     chooser = _Chooser(graph, symbolic, exact_env, point)
     listed = {"forward": _forward(state, chooser), "backward": _backward(state, chooser)}
     counts.update(chooser.stats)   # decision counts: every pass at every point
