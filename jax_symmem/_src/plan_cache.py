@@ -183,7 +183,7 @@ def load(cache_dir: str, key: str) -> Decisions | None:
   """The stored decisions for `key`, or None (missing; unreadable files warn)."""
   path = path_for(cache_dir, key)
   try:
-    with open(path, encoding="utf-8") as f:
+    with open(path, "rb") as f:
       text = f.read()
   except FileNotFoundError:
     return None
@@ -191,8 +191,8 @@ def load(cache_dir: str, key: str) -> Decisions | None:
     logging.warning("jax_symmem: cannot read plan cache file %s (%s); planning again", path, e)
     return None
   try:
-    return from_json(json.loads(text), key)
-  except (ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+    return from_json(json.loads(text), key)   # bytes: a decoding error is a ValueError
+  except (ValueError, KeyError, TypeError, IndexError, AttributeError, RecursionError) as e:
     logging.warning("jax_symmem: ignoring plan cache file %s (%s: %s); planning again",
                     path, type(e).__name__, e)
     return None
@@ -204,9 +204,13 @@ def save(cache_dir: str, key: str, decisions: Decisions) -> str | None:
   try:
     os.makedirs(cache_dir, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=cache_dir, prefix=".plan-", suffix=".tmp")
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      json.dump(to_json(decisions, key), f, separators=(",", ":"))
-    os.replace(tmp, path)
+    try:
+      with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump(to_json(decisions, key), f, separators=(",", ":"))
+      os.replace(tmp, path)
+    except BaseException:
+      os.unlink(tmp)
+      raise
     return path
   except OSError as e:   # a read-only or full disk costs a replan next time, nothing else
     logging.warning("jax_symmem: cannot write plan cache file %s (%s)", path, e)

@@ -32,7 +32,8 @@ class _Planning:
     self.last_stage = None
     self.logged = 0
 
-  def update(self, stage: str, count: int | None, total: int | None, extra) -> None:
+  def update(self, stage: str, count: int | None, total: int | None, at_most: bool,
+             extra) -> None:
     now = time.monotonic()
     if now - self.start < self.after:
       self.last_stage = stage
@@ -43,7 +44,7 @@ class _Planning:
     self.last_log, self.last_stage = now, stage
     self.logged += 1
     what = stage + (f" {count}" if count is not None else "") + (
-        f" of at most {total}" if total is not None else "")
+        f" of {'at most ' if at_most else ''}{total}" if total is not None else "")
     details = "".join(f", {k} {_fmt(v)}" for k, v in extra.items())
     logging.info("jax_symmem: planning %s: %s%s (%.1f s so far)", self.name, what, details,
                  now - self.start)
@@ -56,8 +57,11 @@ def _fmt(v) -> str:
 
 
 @contextlib.contextmanager
-def planning(name: str, after: float = AFTER_S, every: float = EVERY_S):
-  """Reports `update`s made inside the block (nested blocks report to the outer one)."""
+def planning(name: str, after: float | None = None, every: float | None = None):
+  """Reports `update`s made inside the block (nested blocks report to the outer one);
+  `after` and `every` default to AFTER_S and EVERY_S."""
+  after = AFTER_S if after is None else after
+  every = EVERY_S if every is None else every
   outer = getattr(_local, "current", None)
   if outer is not None:
     yield outer
@@ -69,8 +73,10 @@ def planning(name: str, after: float = AFTER_S, every: float = EVERY_S):
     _local.current = None
 
 
-def update(stage: str, count: int | None = None, total: int | None = None, **extra) -> None:
-  """Records that planning reached `stage` (item `count` of at most `total`)."""
+def update(stage: str, count: int | None = None, total: int | None = None, *,
+           at_most: bool = False, **extra) -> None:
+  """Records that planning reached `stage`: item `count` of `total` (of at most
+  `total` where the stage may stop early), with `extra` figures (bytes as MiB)."""
   p = getattr(_local, "current", None)
   if p is not None:
-    p.update(stage, count, total, extra)
+    p.update(stage, count, total, at_most, extra)

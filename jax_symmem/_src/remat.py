@@ -371,7 +371,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
   best, stale = rounds[0].peak_at(tight), 0
   for k in range(max_rounds):
-    progress.update("remat round", k + 1, max_rounds, peak=best)
+    progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
     last = rounds[-1]
     p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
              loops=last.loops)
