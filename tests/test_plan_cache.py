@@ -1,7 +1,6 @@
 """Plans that survive a restart: stored decisions replay to the same rounds, and
 anything stale, foreign or damaged is ignored with a warning and planned again."""
 
-import functools
 import json
 import logging as py_logging
 import os
@@ -103,13 +102,8 @@ def test_polynomials_round_trip_through_json(p):
 # --- miss, hit, invalidation --------------------------------------------------------------
 
 
-@functools.lru_cache(maxsize=None)
-def _transformer_pair(cache_dir):
-  return _analyze_transformer(cache_dir), _analyze_transformer(cache_dir)
-
-
 def test_miss_then_hit_replays_identical_rounds(tmp_path):
-  cold, warm = _transformer_pair(str(tmp_path))
+  cold, warm = _analyze_transformer(str(tmp_path)), _analyze_transformer(str(tmp_path))
   assert cold.origin == "planned" and len(cold.rounds) > 1
   (name,) = _files(tmp_path)
   assert warm.origin == os.path.join(str(tmp_path), name)

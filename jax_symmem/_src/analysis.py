@@ -251,8 +251,9 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
     sched, rounds, stats = _plan(graph, None)
   else:
     sched, stats = decisions.schedule, dict(decisions.remat_stats)
-    for order in (sched.order, *sched.candidates.values()):
-      if not schedule_lib.is_valid_order(traced.program, order):
+    preds = schedule_lib.dependencies(traced.program)
+    for order in {sched.order, *sched.candidates.values()}:
+      if not schedule_lib.is_valid_order(traced.program, order, preds):
         raise ValueError("a stored schedule is not an order of the traced program")
     rounds = remat.replay_rounds(graph, sched.order, decisions.rounds)
   if annotated is not None:

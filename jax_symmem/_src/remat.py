@@ -288,6 +288,8 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
         rename.setdefault(later, {})[r.value] = mapping[r.value]
   for i, ren in rename.items():
     n = nodes[i]
+    if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
+      continue   # reads none of the evicted values: keep the node as it is
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
   return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)

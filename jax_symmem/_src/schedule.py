@@ -64,12 +64,15 @@ def dependencies(program: Program) -> list[set[int]]:
   return preds
 
 
-def is_valid_order(program: Program, order: Sequence[int]) -> bool:
-  """A permutation of the nodes that respects data and effect dependencies."""
+def is_valid_order(program: Program, order: Sequence[int],
+                   preds: Sequence[set[int]] | None = None) -> bool:
+  """A permutation of the nodes that respects data and effect dependencies
+  (`preds`: `dependencies(program)`, where the caller checks several orders)."""
   if sorted(order) != list(range(len(program.nodes))):
     return False
   pos = {i: k for k, i in enumerate(order)}
-  return all(pos[p] < pos[i] for i, ps in enumerate(dependencies(program)) for p in ps)
+  preds = dependencies(program) if preds is None else preds
+  return all(pos[p] < pos[i] for i, ps in enumerate(preds) for p in ps)
 
 
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,
