@@ -279,3 +279,35 @@ def test_progress_is_rate_limited(caplog):
     progress.update("tracing")
   assert p.logged == 0
   progress.update("outside a block")   # no-op
+
+
+# --- symmem.jit, checkpointed steps ----------------------------------------------------------
+
+
+def test_symmem_jit_stores_and_reuses_plans(tmp_path):
+  ws = tuple(jnp.eye(16, dtype=jnp.float32) * 0.5 for _ in range(3))
+  x = jnp.ones((2, 8, 16), jnp.float32)
+  make = lambda: jax_symmem.jit(_mlp_step(16), polymorphic_shapes=(None, "b, s, _"),
+                                constraints=("b <= 8", "s <= 512"), memory_budget=2**30,
+                                plan_cache_dir=str(tmp_path))
+  first, second = make(), make()
+  assert first.analyze(ws, x).origin == "planned"
+  assert second.analyze(ws, x).origin != "planned"
+  loss1, _ = first(ws, x)
+  loss2, _ = second(ws, x)
+  assert float(loss1) == float(loss2)
+
+
+def test_a_checkpointed_step_round_trips_with_its_round_as_written(tmp_path):
+  cfg = llama.PRESETS["tiny"]
+  state = jax.eval_shape(lambda: llama.init_state(cfg))
+  fn = llama.train_step_fn(llama.Llama(cfg, "layer"))
+  tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+  mask = jax.ShapeDtypeStruct((2, 16), jnp.float32)
+  run = lambda: analysis_lib.analyze_function(
+      fn, state, tokens, mask, polymorphic_shapes=(None, "b, s", "b, s"),
+      constraints=llama.step_constraints(256, 16), plan_cache_dir=str(tmp_path))
+  cold, warm = run(), run()
+  assert cold.origin == "planned" and warm.origin != "planned"
+  assert cold.rounds[-1].as_written and warm.rounds[-1].as_written
+  _assert_same_plan(cold, warm, ({"b": 1, "s": 2}, {"b": 16, "s": 256}))
