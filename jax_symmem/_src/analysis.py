@@ -256,6 +256,8 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
       if not schedule_lib.is_valid_order(traced.program, order, preds):
         raise ValueError("a stored schedule is not an order of the traced program")
     rounds = remat.replay_rounds(graph, sched.order, decisions.rounds)
+    if not all(schedule_lib.is_valid_order(r.program, r.order) for r in rounds[1:]):
+      raise ValueError("a stored round does not replay to a valid program")
   if annotated is not None:
     as_written = _graph(annotated, argument_divisors)
     if decisions is None:
