@@ -152,7 +152,7 @@ def _dispatch_overhead(reps: int, budget: int) -> dict:
     step = symmem.jit(transformer.make_train_step(cfg), polymorphic_shapes=workloads.REMAT_SHAPES,
                       constraints=("s >= 2", "s <= 64", "b <= 4"), memory_budget=b)
     jax.block_until_ready(step(*args))
-    (exe,) = step._executables.values()
+    (exe,) = [v.executable for v in step.compiled()]
     flat = jax.tree_util.tree_leaves(tuple(args))
     fns = {"symmem": lambda *a: step(*args), "executable": lambda *a: exe(*flat)}
     # blocks of calls, interleaved; per-call median within each block, then median of blocks
@@ -290,7 +290,7 @@ def main(argv=None) -> int:
     row["reserved_here"] = max(0, jit_lib._live_bytes() - sum(
         x.nbytes for x in jax.tree_util.tree_leaves(args)))
     got = jax.block_until_ready(step(*args))
-    row["round_here"] = [k[2] for k in step._executables if dict(k[1]) == {"b": batch, "s": s}]
+    row["round_here"] = [v.round for v in step.compiled(b=batch, s=s)]
     want = jax.block_until_ready(ref(*args))
     # noise floor: plain jax.jit compiled with symmem.jit's CPU options vs jax.jit's defaults
     floor = jax.block_until_ready(jax.jit(step_fn).lower(*args).compile(
@@ -324,7 +324,7 @@ def main(argv=None) -> int:
     times = _time_calls(fns, args, a.reps)
     row["times"] = times
     row["timing_compiles"] = step.cache_info()["compiles"] - compiles_before
-    row["round_timed"] = [k[2] for k in step._executables if dict(k[1]) == {"b": batch, "s": s}]
+    row["round_timed"] = [v.round for v in step.compiled(b=batch, s=s)]
     if s == longest and fitting:
       best_policy = min(fitting, key=lambda p: times[p])
     if best_policy is not None:

@@ -26,6 +26,8 @@ ranking has no switch and compares exactly in both pipelines.
 
 Workloads (each runs in its own process, so a slow one can be cut off):
   llama      jax_symmem.examples.llama PRESETS["small"] (AdamW)
+  llama_scan the same with scan_layers=True (nn.scan over stacked layers; the remat
+             counts include ranking the scan pair's stacked residuals)
   gpt2       jax_symmem.examples.gpt2 PRESETS["small"]
   hf_llama   HuggingFace transformers' FlaxLlamaModule for causal LM (transformers < 5;
              `pip install -e ".[experiments]"`), a random LlamaConfig of the llama
@@ -64,20 +66,21 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 MiB = 2 ** 20
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "decisions.json"
-WORKLOADS = ("llama", "gpt2", "hf_llama", "llama2_1b")
+WORKLOADS = ("llama", "llama_scan", "gpt2", "hf_llama", "llama2_1b")
 SHAPES = (None, "b, s", "b, s")
 
 
 # --- workloads: (step, state shapes, description) ------------------------------------------
 
 
-def _llama_workload(preset: str):
+def _llama_workload(preset: str, scan_layers: bool = False):
   import jax
   from jax_symmem.examples import llama
   cfg = llama.PRESETS[preset]
-  state = jax.eval_shape(lambda: llama.init_state(cfg))
-  return llama.train_step_fn(llama.Llama(cfg)), state, {"model": f"llama.PRESETS[{preset!r}]",
-                                                        "config": dataclasses.asdict(cfg)}
+  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan_layers))
+  return (llama.train_step_fn(llama.Llama(cfg, scan_layers=scan_layers)), state,
+          {"model": f"llama.PRESETS[{preset!r}]" + (", scan_layers=True" if scan_layers else ""),
+           "config": dataclasses.asdict(cfg)})
 
 
 def _gpt2_workload(preset: str):
@@ -144,6 +147,7 @@ def _hf_llama_workload(preset: str):
 def build(name: str, quick: bool):
   small = "tiny" if quick else "small"
   return {"llama": lambda: _llama_workload(small),
+          "llama_scan": lambda: _llama_workload(small, scan_layers=True),
           "gpt2": lambda: _gpt2_workload(small),
           "hf_llama": lambda: _hf_llama_workload(small),
           "llama2_1b": lambda: _llama_workload("llama2_1b")}[name]()

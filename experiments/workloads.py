@@ -156,20 +156,19 @@ def remat_symmem_step(batch: int, seq: int, cfg: dict, budget: int, constraints)
   jax.block_until_ready(step(*args))
   first_call_s = time.perf_counter() - t0
   dims = {"b": batch, "s": seq}
-  keys = [k for k in step._executables if dict(k[1]) == dims]
-  (key,) = keys
+  (variant,) = step.compiled(**dims)
   analysis = step.analyze(*args)
-  k = key[2]
+  k = variant.round
   extra = {
       "argument_bytes": _argument_bytes(args),
       "round": k,
       "model_round": analysis.choose_round(dims, budget),
       "n_rounds": len(analysis.rounds),
       "model_peak_dispatched": analysis.rounds[k].peak_at(dims),
-      "xla": _memory_analysis(step._executables[key]),
+      "xla": _memory_analysis(variant.executable),
       "first_call_s": first_call_s,
       "cache_info": [step.cache_info()],
-      "executables": [[list(map(list, kk[1])), kk[2]] for kk in step._executables],
+      "executables": [[sorted(v.dims.items()), v.round] for v in step.compiled()],
       "compiled_log": compiled_log,
   }
 

@@ -34,7 +34,7 @@ from jax_symmem._src.report import shape_report
 from jax_symmem._src.shape_graph import Relation
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.shape_graph import ValueInfo
-from jax_symmem._src.tracing import Program
+from jax_symmem._src.ir import Program
 from jax_symmem._src.tracing import TracedProgram
 from jax_symmem._src.jit import SymmemFunction
 from jax_symmem._src.jit import jit

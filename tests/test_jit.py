@@ -14,6 +14,7 @@ import jax_symmem as symmem
 from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import tracing
+from jax_symmem._src import variants as variants_lib
 from jax_symmem.examples import transformer
 from tests import budgets
 
@@ -62,20 +63,19 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
                     constraints=CONSTRAINTS, memory_budget=budget)
   del probe
   _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
-  (key,) = [k for k in step._executables if dict(k[1]) == dims]
-  assert key[2] > 0, "a budget below the unoptimized peak must activate a round"
+  (variant,) = step.compiled(**dims)
+  assert variant.round > 0, "a budget below the unoptimized peak must activate a round"
   # Each compiled round calibrated the model against XLA's memory_analysis().
-  (calibration,) = step._calibration.values()
-  assert key[2] in calibration and calibration[key[2]] > 0
+  (calibration,) = step.calibration()
+  assert variant.round in calibration and calibration[variant.round] > 0
   # The recomputation survived XLA: barriers in the HLO, and less temp memory than round 0.
-  exe = step._executables[key]
-  assert "opt-barrier" in exe.as_text()
+  assert "opt-barrier" in variant.executable.as_text()
   # ... with less memory than round 0 compiled the same way (which the budget excludes).
   assert step.last_call["xla_bytes"] <= budget < budgets.xla_bytes(analysis, 0, dims, args)
   # Short batches need no eviction, and far below the budget compile as jax.jit would.
   small = transformer.example_args(CFG, 1, 8)
   step(*small)
-  assert [k[2] for k in step._executables if dict(k[1]) == {"b": 1, "s": 8}] == [0]
+  assert [v.round for v in step.compiled(b=1, s=8)] == [0]
   options = {v["dims"]["s"]: v["memory_options"] for v in step.variants()}
   assert options == {8: False, 128: True}
   assert step.last_call["dims"] == {"b": 1, "s": 8} and step.last_call["round"] == 0
@@ -193,13 +193,13 @@ def test_threads_share_one_compile_per_variant():
 
 
 def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
-  monkeypatch.setattr(jit_lib, "IMPOSE_MIN_BYTES", 64 * 1024)   # fence this small model too
+  monkeypatch.setattr(variants_lib, "IMPOSE_MIN_BYTES", 64 * 1024)   # fence this small model too
   step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                     constraints=CONSTRAINTS, impose_schedule=True)
   args = transformer.example_args(CFG, 4, 128)
   _assert_tree_close(step(*args), jax.jit(transformer.make_train_step(CFG))(*args))
-  (exe,) = step._executables.values()
-  assert "opt-barrier" in exe.as_text()
+  (variant,) = step.compiled()
+  assert "opt-barrier" in variant.executable.as_text()
 
 
 def test_unsupported_jit_options_fall_back_to_jax_jit(caplog):

@@ -20,7 +20,8 @@ from typing import Any, Iterable, Sequence
 import jax
 
 from jax_symmem._src import interpret
-from jax_symmem._src.tracing import Const, Program, TracedProgram
+from jax_symmem._src.ir import Const, Program
+from jax_symmem._src.tracing import TracedProgram
 
 
 @dataclasses.dataclass(frozen=True)

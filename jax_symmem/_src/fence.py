@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Sequence
 import jax
 
 from jax_symmem._src import interpret
-from jax_symmem._src.tracing import Const, Program
+from jax_symmem._src.ir import Const, Program
 
 FENCE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 

@@ -6,7 +6,7 @@ from typing import Callable, Sequence
 
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node
+from jax_symmem._src.ir import Const, Node
 
 
 def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
@@ -34,3 +34,12 @@ def flops(graph: ShapeGraph, node: Node) -> Poly:
   outs = [graph.values[o].dims for o in node.outputs]
   rule = FLOP_RULES.get(node.name)
   return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
+
+
+def at_dims(graph: ShapeGraph, saved: Poly, cost: Poly, dims) -> str:
+  """" [x MiB, y MFLOP at dims]": an eviction's saving and cost, for plan descriptions."""
+  if not dims:
+    return ""
+  env = graph.constraints.complete(dims)
+  return (f" [{saved.evaluate(env) / 2**20:.2f} MiB, "
+          f"{cost.evaluate(env) / 1e6:.2f} MFLOP at {dims}]")

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from jax_symmem._src import tracing
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 
 def bind(node: Node, args: Sequence[Any]) -> list[Any]:

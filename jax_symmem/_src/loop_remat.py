@@ -28,11 +28,11 @@ from typing import Mapping, Sequence
 
 from jax import lax
 
-from jax_symmem._src.flops import flops
+from jax_symmem._src.flops import at_dims, flops
 from jax_symmem._src import tracing
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # Ops a regeneration may not repeat: effects, collectives and host callbacks. Unlike
 # the flat planner, functional random ops and nested control flow may be recomputed
@@ -86,11 +86,7 @@ class LoopEviction:
   anchors: tuple[int, ...] = ()  # (no flat-region anchors: see remat.compatible)
 
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
-    at = ""
-    if dims:
-      env = graph.constraints.complete(dims)
-      at = (f" [{self.saved.evaluate(env) / 2**20:.2f} MiB, "
-            f"{self.cost.evaluate(env) / 1e6:.2f} MFLOP at {dims}]")
+    at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
     where = self.source.rsplit("/", 1)[-1] or "(no user source line)"
     return (f"evict scan residual {info.shape_str()} from {where}: regenerated in the "

@@ -34,7 +34,7 @@ import numpy as np
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # primitive name -> node -> index of the operand that output 0 aliases (eager execution).
 # Measured: `stop_gradient` returns its operand object and `random_wrap` /
@@ -53,6 +53,17 @@ def aliased_operand(node: Node) -> int | None:
     return None
   i = rule(node)
   return i if i is not None and not isinstance(node.inputs[i], Const) else None
+
+
+def buffers(program: Program) -> dict[int, int]:
+  """Each value id -> the buffer it lives in: its own id, or the buffer of the operand
+  it aliases (`ALIAS_RULES`). Liveness is per buffer."""
+  buffer: dict[int, int] = {v: v for v in program.inputs}
+  for node in program.nodes:
+    a = aliased_operand(node)
+    for k, o in enumerate(node.outputs):
+      buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+  return buffer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -207,11 +218,7 @@ class _IntTables:
 
   def __init__(self, graph: ShapeGraph, program: Program, env: Mapping[str, int],
                donated: frozenset):
-    buffer: dict[int, int] = {v: v for v in program.inputs}
-    for node in program.nodes:
-      a = aliased_operand(node)
-      for k, o in enumerate(node.outputs):
-        buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+    buffer = buffers(program)
     pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
     pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
     # Python ints of every value and control-flow node; no reference to `graph` is
@@ -290,12 +297,7 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
               transient_of):
   """Liveness simulation, generic in the number type (Poly or int)."""
   donated = frozenset(donated)
-  # Buffers: each value maps to a buffer (itself, or the buffer it aliases).
-  buffer: dict[int, int] = {v: v for v in program.inputs}
-  for node in program.nodes:
-    a = aliased_operand(node)
-    for k, o in enumerate(node.outputs):
-      buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+  buffer = buffers(program)
   # A buffer dies at the last position where any value on it is used.
   last_use: dict[int, int] = {}
   for pos, i in enumerate(order):

@@ -27,10 +27,10 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
-from jax_symmem._src.flops import FLOP_RULES, flops  # noqa: F401  (re-exported)
+from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 # --- per-primitive rules ------------------------------------------------------------
 
@@ -64,11 +64,7 @@ class Region:
   source: str                   # where the value was produced
 
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
-    at = ""
-    if dims:
-      env = graph.constraints.complete(dims)
-      at = (f" [{self.saved.evaluate(env) / 2**20:.2f} MiB, "
-            f"{self.cost.evaluate(env) / 1e6:.2f} MFLOP at {dims}]")
+    at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
     where = self.source.rsplit("/", 1)[-1]
     if where.startswith(" ") or not where:   # produced inside JAX (no user frame)

@@ -28,7 +28,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import progress
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import Const, Program
+from jax_symmem._src.ir import Const, Program
 
 
 @dataclasses.dataclass(frozen=True)
@@ -179,12 +179,7 @@ class _State:
 
   @functools.cached_property
   def buffer(self) -> dict[int, int]:
-    buffer = {v: v for v in self.program.inputs}
-    for n in self.program.nodes:
-      a = memory.aliased_operand(n)
-      for k, o in enumerate(n.outputs):
-        buffer[o] = buffer[n.inputs[a]] if (k == 0 and a is not None) else o
-    return buffer
+    return memory.buffers(self.program)
 
   def operand_buffers(self, i: int) -> collections.Counter:
     return collections.Counter(self.buffer[x] for x in self.program.nodes[i].inputs

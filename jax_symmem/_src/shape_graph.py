@@ -22,7 +22,8 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
 from jax_symmem._src.poly import Poly, product
-from jax_symmem._src.tracing import Const, Node, Program, TracedProgram
+from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.tracing import TracedProgram
 
 
 def itemsize(aval: Any) -> int:

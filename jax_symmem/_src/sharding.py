@@ -28,7 +28,7 @@ import jax
 
 from jax_symmem._src import jax_dims
 from jax_symmem._src.poly import Poly
-from jax_symmem._src.tracing import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program
 
 Divisors = tuple[int, ...]   # per dim of a value: how many shards it is split into
 

@@ -1,4 +1,4 @@
-"""Tracing with symbolic dimensions into a flat, frozen program.
+"""Tracing with symbolic dimensions into a flat, frozen program (the IR of ir.py).
 
 `trace` runs `jax.make_jaxpr` on `jax.export.symbolic_args_specs` and flattens
 the result into a `Program`: call-like primitives (jit/pjit, closed_call,
@@ -32,65 +32,8 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
 from jax_symmem._src.errors import ShapeError, ShapeSpecError, TracingError
+from jax_symmem._src.ir import Const, Node, Operand, Program  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import Poly, Var
-
-# --- Program IR ----------------------------------------------------------------
-
-
-@dataclasses.dataclass(frozen=True)
-class Const:
-  """A literal or closed-over constant used as an operand."""
-  value: Any
-  aval: Any
-
-
-Operand = Any  # int (a value id) | Const
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Node:
-  """One primitive application. Value ids are unique across a whole Program tree."""
-  index: int
-  primitive: jcore.Primitive
-  params: Mapping[str, Any]
-  inputs: tuple[Operand, ...]
-  outputs: tuple[int, ...]
-  source: str
-  effects: frozenset = frozenset()
-  subprograms: tuple["Program", ...] = ()
-
-  @property
-  def name(self) -> str:
-    return self.primitive.name
-
-
-@dataclasses.dataclass(frozen=True, eq=False)
-class Program:
-  """A flat program: inputs, nodes in trace order, outputs, and every value's aval."""
-  inputs: tuple[int, ...]
-  nodes: tuple[Node, ...]
-  outputs: tuple[Operand, ...]
-  avals: Mapping[int, Any]
-
-  def value_ids(self) -> tuple[int, ...]:
-    return self.inputs + tuple(v for n in self.nodes for v in n.outputs)
-
-  def walk(self):
-    """Yields (program, node) for this program and every nested subprogram."""
-    for n in self.nodes:
-      yield self, n
-      for sub in n.subprograms:
-        yield from sub.walk()
-
-  def max_id(self) -> int:
-    """The largest value id here or in any subprogram (-1 if none): a rewrite's new
-    values start above it."""
-    ids = list(self.inputs)
-    for n in self.nodes:
-      ids.extend(n.outputs)
-      ids.extend(sub.max_id() for sub in n.subprograms)
-    return max(ids, default=-1)
-
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class TracedProgram:

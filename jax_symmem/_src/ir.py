@@ -1,0 +1,67 @@
+"""The program IR every stage after tracing works on: frozen, free of JAX internals.
+
+A `Program` is a flat list of `Node`s (one primitive application each, in trace
+order) over integer value ids that are unique across a whole program tree; a
+control-flow node keeps its bodies as nested `Program`s (`Node.subprograms`).
+`tracing.py` builds them from jaxprs; nothing here imports JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+
+@dataclasses.dataclass(frozen=True)
+class Const:
+  """A literal or closed-over constant used as an operand."""
+  value: Any
+  aval: Any
+
+
+Operand = Any  # int (a value id) | Const
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Node:
+  """One primitive application. Value ids are unique across a whole Program tree."""
+  index: int
+  primitive: Any                # a jax Primitive
+  params: Mapping[str, Any]
+  inputs: tuple[Operand, ...]
+  outputs: tuple[int, ...]
+  source: str
+  effects: frozenset = frozenset()
+  subprograms: tuple["Program", ...] = ()
+
+  @property
+  def name(self) -> str:
+    return self.primitive.name
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Program:
+  """A flat program: inputs, nodes in trace order, outputs, and every value's aval."""
+  inputs: tuple[int, ...]
+  nodes: tuple[Node, ...]
+  outputs: tuple[Operand, ...]
+  avals: Mapping[int, Any]
+
+  def value_ids(self) -> tuple[int, ...]:
+    return self.inputs + tuple(v for n in self.nodes for v in n.outputs)
+
+  def walk(self):
+    """Yields (program, node) for this program and every nested subprogram."""
+    for n in self.nodes:
+      yield self, n
+      for sub in n.subprograms:
+        yield from sub.walk()
+
+  def max_id(self) -> int:
+    """The largest value id here or in any subprogram (-1 if none): a rewrite's new
+    values start above it."""
+    ids = list(self.inputs)
+    for n in self.nodes:
+      ids.extend(n.outputs)
+      ids.extend(sub.max_id() for sub in n.subprograms)
+    return max(ids, default=-1)

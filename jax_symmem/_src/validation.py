@@ -1,0 +1,90 @@
+"""Argument validation for `symmem.jit`: clear errors on the error paths only.
+
+The hot path compares dtypes and nothing else; these run when a call is already
+known to be wrong (or a shape failed to bind) and say what to do about it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import NamedTuple
+
+import jax
+
+from jax_symmem._src import jax_dims
+from jax_symmem._src.errors import ShapeError
+from jax_symmem._src.poly import Poly, Var
+
+
+class Caller(NamedTuple):
+  """What the messages name: the step, which positions are static, its constraints."""
+  name: str
+  static_argnums: tuple[int, ...]
+  constraints: tuple[str, ...]
+
+
+def where(caller: Caller, path) -> str:
+  """`args[i]...` with i the positional index the caller used (static arguments counted)."""
+  i, seen = -1, -1
+  while seen < path[0].idx:
+    i += 1
+    seen += i not in caller.static_argnums
+  return f"args[{i}]{jax.tree_util.keystr(path[1:])}"
+
+
+def check_arrays(caller: Caller, dyn_args) -> None:
+  """TypeError for a leaf that is not an array (jax.jit raises TypeError for a str too)."""
+  for path, x in jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]:
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+      continue
+    if isinstance(x, (bool, int, float, complex)):
+      # jax.jit would trace it as a weakly typed scalar; jax.export's specs drop weak
+      # types, so tracing it as f32/i32 could change the result dtype: refuse instead.
+      raise TypeError(
+          f"{caller.name}: argument {where(caller, path)} is a Python {type(x).__name__} "
+          f"({x!r}); symmem.jit traces array arguments only: pass jnp.asarray({x!r}, dtype) for "
+          "a value that changes between calls, or mark it static (static_argnums) for a constant")
+    raise TypeError(
+        f"{caller.name}: argument {where(caller, path)} of type {type(x).__name__} ({x!r:.40}) "
+        "is not an array; mark it static with static_argnums/static_argnames")
+
+
+def check_dtypes(caller: Caller, traced, dyn_args, spec_dtypes) -> None:
+  check_arrays(caller, dyn_args)
+  paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
+  for (path, x), want in zip(paths, spec_dtypes):
+    if jax.dtypes.canonicalize_dtype(x.dtype) != want:   # float64 is float32 without x64
+      raise TypeError(
+          f"{traced.fun_name}: argument {where(caller, path)} has dtype {x.dtype}, but it was "
+          f"traced for {want}; symmem.jit traces once per static arguments: cast it "
+          f"(x.astype({want})) or use a separate symmem.jit for the other dtype")
+
+
+def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
+  """A clearer ShapeError for an axis traced static whose size changed, or a size that
+  is no multiple its spec declares (e.g. 8*k from 's == 8*k')."""
+  paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
+  for (path, x), spec in zip(paths, jax.tree_util.tree_leaves(traced.in_specs)):
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != len(spec.shape):
+      continue
+    for axis, (d, n) in enumerate(zip(spec.shape, shape)):
+      at = (f"{traced.fun_name}: argument {where(caller, path)} has shape {shape}, "
+            f"but axis {axis}")
+      if isinstance(d, int):
+        if d != n:
+          raise ShapeError(
+              f"{at} was traced as a constant {d} (polymorphic_shapes gives it '_', a number "
+              "or None); a size that changes between calls must be a symbolic dim in "
+              "polymorphic_shapes, e.g. 'b, s'")
+        continue
+      p = jax_dims.to_poly(d)
+      if len(p.variables()) != 1 or p.degree() != 1:
+        continue
+      (v,) = p.variables()
+      coeff = p.as_dict().get(((Var(v), 1),))
+      rest = (p - coeff * Poly.var(v)).evaluate({})
+      if coeff and ((n - rest) % coeff or (n - rest) // coeff < 1):
+        declared = [c for c in caller.constraints if re.search(rf"\b{v}\b", c)]
+        raise ShapeError(f"{at} must be {p} for some integer {v} >= 1 (constraints: "
+                         f"{', '.join(declared) or 'none'}), and {n} is not")

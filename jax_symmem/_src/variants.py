@@ -1,0 +1,164 @@
+"""Compiling a step's variants for one shape: which round, which XLA options, when to stop.
+
+`compile_fitting` is a pure function of the analysis, the dims, a `CompilePolicy`
+and a `lower` callable that turns (program, order, options) into an executable; it
+returns every variant it compiled and the one to dispatch, or raises BudgetError.
+`symmem.jit` (jit.py) keeps the cache around it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Mapping
+
+from absl import logging
+
+from jax_symmem._src import fence
+from jax_symmem._src import interpret
+from jax_symmem._src import tracing
+from jax_symmem._src.errors import BudgetError
+
+# XLA:CPU options for variants compiled under a memory budget: keep our fences
+# (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
+# experiments/bench_fence.py); no XNNPACK fusions, whose buffers memory_analysis()
+# does not count (F2), so the budget check sees real temps. They cost step time
+# (0.52 s -> 0.66-0.71 s per option on the benchmark transformer), so without a
+# budget the step compiles exactly as jax.jit would.
+CPU_COMPILER_OPTIONS = {
+    "xla_disable_hlo_passes": "cse_barrier_expander",
+    "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
+    "xla_cpu_experimental_ynn_fusion_type": "",
+}
+GPU_COMPILER_OPTIONS: dict[str, str] = {}
+MAX_RECOMPILES = 3
+# Under a budget, a step whose modeled peak is at most 1/FAST_PATH_MARGIN of it
+# needs no remat and skips the memory-optimized scheduler (it costs step time); it
+# compiles as jax.jit would except for XNNPACK fusions, whose buffers memory_analysis()
+# does not see (F2) and which used more memory than the model: b=2, s=512 on the
+# bench transformer, 231.5 MiB real with them vs 192 modeled; 187.9 MiB XLA footprint
+# without them, at the same step time (0.251 vs 0.259 s; 0.093 vs 0.081 s at s=256).
+FAST_PATH_MARGIN = 2.0
+FAST_PATH_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
+IMPOSE_MIN_BYTES = 2**20
+
+
+@dataclasses.dataclass(frozen=True)
+class CompilePolicy:
+  """How variants compile under a budget, and how many more rounds may be tried."""
+  budget: int | None
+  reserved: int = 0                     # bytes other live arrays hold
+  platform: str = "cpu"
+  impose_schedule: bool = False
+  max_recompiles: int = MAX_RECOMPILES
+  agree: Callable[[int], int] = lambda footprint: footprint   # across processes (device.py)
+
+  @property
+  def memory_options(self) -> Mapping[str, str]:
+    return CPU_COMPILER_OPTIONS if self.platform == "cpu" else GPU_COMPILER_OPTIONS
+
+  def options_for(self, analysis, k: int, dims) -> tuple[dict, bool]:
+    """(compiler options, whether memory_analysis() may calibrate the model)."""
+    if self.budget is None:
+      return {}, False   # exactly as jax.jit; XNNPACK fusions may hide buffers (F2)
+    if k == 0 and FAST_PATH_MARGIN * analysis.round_peak(0, dims) + self.reserved <= self.budget:
+      # Calibration stays with the memory-option variants it is applied to.
+      return (dict(FAST_PATH_CPU_OPTIONS) if self.platform == "cpu" else {}), False
+    return dict(self.memory_options), True
+
+  def fits(self, footprint: int) -> bool:
+    return self.budget is None or footprint + self.reserved <= self.budget
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One compiled executable of a step at one shape."""
+  dims: Mapping[str, int]
+  round: int
+  executable: Any
+  xla_bytes: int              # memory_analysis(): arguments + outputs + temps - aliased
+  memory_options: bool        # compiled with the memory-saving XLA options
+
+  def describe(self) -> dict:
+    return {"dims": dict(self.dims), "round": self.round, "xla_bytes": self.xla_bytes,
+            "memory_options": self.memory_options}
+
+
+def footprint(executable) -> int:
+  ma = executable.memory_analysis()
+  if ma is None:
+    return 0
+  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
+          - ma.alias_size_in_bytes)
+
+
+def _runner(analysis, k, dims, env, policy: CompilePolicy, options: dict):
+  """The function jax.jit compiles for round k, and its (possibly extended) options."""
+  r = analysis.rounds[k]
+  program = tracing.specialize_program(r.program, env)
+  order = analysis.round_order(k, dims)
+  if not policy.impose_schedule:
+    return (lambda *a: tuple(interpret.run(program, a, order))), options
+  # Chain nodes whose results take >= 1 MiB through optimization barriers so XLA
+  # follows our order (off by default: XLA's memory-optimized scheduler did as
+  # well or better at 3 of 5 lengths in experiments/bench_fence.py).
+  sizes = {v: r.graph.bytes(v).evaluate(env) for v in r.graph.values}
+  run = fence.ordered_function(program, order,
+                               fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES))
+  return (lambda *a: tuple(run(*a))), dict(options, **fence.FENCE_COMPILER_OPTIONS)
+
+
+def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
+                    lower: Callable[[Callable, dict], Any],
+                    calibration: dict[int, float]) -> tuple[Variant, list[Variant]]:
+  """Compiles round k at dims, then, while XLA reports it over the budget, the next
+  round XLA's figure predicts to fit (else the last round, then round 0 as jax.jit
+  would compile it), at most `policy.max_recompiles` more.
+
+  `lower(fn, options)` compiles `fn` (flat arguments -> flat outputs) with XLA
+  options. Updates `calibration` (round -> XLA / model) from truthful compiles.
+  Returns (the variant to dispatch: the fitting one that recomputes least, every
+  variant compiled); raises BudgetError when none fits.
+  """
+  env = analysis.graph.constraints.complete(dims)
+  last = len(analysis.rounds) - 1
+  compiled: list[Variant] = []
+  while True:
+    options, truthful = policy.options_for(analysis, k, dims)
+    fn, options = _runner(analysis, k, dims, env, policy, options)
+    exe = lower(fn, options)
+    size = policy.agree(footprint(exe))   # the same branch in every process
+    # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
+    # (only when it sees every buffer: not with jax.jit's own options, F2).
+    if truthful and size:
+      calibration[k] = size / max(1, analysis.round_peak(k, dims))
+    logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
+                 analysis.traced.fun_name, dims, k, size / 2**20)
+    mem = bool(policy.memory_options) and policy.memory_options.items() <= options.items()
+    compiled.append(Variant(dict(dims), k, exe, size, mem))
+    if policy.fits(size) or len(compiled) > policy.max_recompiles:
+      break
+    # Over budget: jump to the first later round that XLA's figure for this one,
+    # applied to the model, predicts to fit, not round by round.
+    ratio = size / max(1, analysis.round_peak(k, dims))
+    tried = {v.round for v in compiled}
+    nxt = next((j for j in range(k + 1, last + 1) if j not in tried
+                and policy.fits(int(ratio * analysis.round_peak(j, dims)))), None)
+    # Then the last round; then round 0, as jax.jit would compile the step (XLA may
+    # fit it where the model says no: never refuse a step that jax.jit runs).
+    nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
+    if nxt is None:
+      break
+    k = nxt
+  fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
+  if not fitting:
+    best = min(compiled, key=lambda v: v.xla_bytes)
+    raise BudgetError(
+        f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
+        f"{best.xla_bytes / 2**20:.1f} MiB for the smallest variant compiled (round "
+        f"{best.round} of {last}"
+        + (", the planner's last" if last in {v.round for v in compiled} else "")
+        + f"), above the {policy.budget / 2**20:.1f} MiB budget"
+        + (f" less {policy.reserved / 2**20:.1f} MiB held by other live arrays"
+           if policy.reserved else "")
+        + "; raise the budget or use shorter/smaller batches")
+  return min(fitting, key=lambda v: v.round), compiled   # least recomputation
