@@ -127,6 +127,9 @@ def test_the_environment_variable_turns_the_cache_on(tmp_path, monkeypatch):
   assert _analyze_mlp(None).origin != "planned"
   monkeypatch.delenv(plan_cache.ENV_VAR)
   assert _analyze_mlp(None).origin == "planned"   # off: never reads the directory
+  monkeypatch.setenv(plan_cache.ENV_VAR, "")
+  assert plan_cache.directory(None) is None and plan_cache.directory("") is None
+  assert plan_cache.directory(tmp_path) == str(tmp_path)
 
 
 def test_a_changed_model_constraint_budget_or_version_is_planned_again(tmp_path, monkeypatch):

@@ -52,9 +52,10 @@ class Decisions:
 
 
 def directory(explicit: str | os.PathLike | None = None) -> str | None:
-  """The cache directory: `explicit`, else $JAX_SYMMEM_PLAN_CACHE, else None (off)."""
-  d = explicit if explicit is not None else os.environ.get(ENV_VAR) or None
-  return os.fspath(d) if d is not None else None
+  """The cache directory: `explicit`, else $JAX_SYMMEM_PLAN_CACHE, else None (off);
+  an empty path is off too."""
+  d = os.fspath(explicit) if explicit is not None else os.environ.get(ENV_VAR, "")
+  return d or None
 
 
 def versions() -> dict[str, str]:
