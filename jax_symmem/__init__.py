@@ -47,7 +47,7 @@ def shape_graph(traced: TracedProgram) -> ShapeGraph:
 
 
 def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
-            in_shardings=None) -> Analysis:
+            in_shardings=None, plan_cache_dir=None) -> Analysis:
   """Traces `fun` once with symbolic dims and plans its memory for every allowed shape.
 
   Returns an `Analysis`: `peak_bytes(**dims)` (the optimized step as dispatched at
@@ -56,6 +56,7 @@ def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
   with exact shapes), `stats`, a printable `plan`, and `graph`. Figures are the
   jaxpr-level memory model's (see README: what the model measures), per device
   when `in_shardings` (as in `jax.jit`) or the arguments' own shardings split them.
+  `plan_cache_dir` (default $JAX_SYMMEM_PLAN_CACHE) keeps the plan across processes.
   """
   from jax_symmem._src import analysis as analysis_lib
   from jax_symmem._src import sharding
@@ -63,7 +64,8 @@ def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
   return analysis_lib.analyze_function(
       fun, *args, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
       memory_budget=resolve_budget(memory_budget),
-      argument_divisors=sharding.argument_divisors(in_shardings, args))
+      argument_divisors=sharding.argument_divisors(in_shardings, args),
+      plan_cache_dir=plan_cache_dir)
 
 
 __version__ = "0.1.0"

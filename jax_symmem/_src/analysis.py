@@ -9,9 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
+import time
 from typing import Callable, Mapping, Sequence
 
+from absl import logging
+
 from jax_symmem._src import memory
+from jax_symmem._src import plan_cache
+from jax_symmem._src import progress
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
@@ -30,6 +36,7 @@ class Analysis:
   rounds: tuple[remat.Round, ...]
   memory_budget: int | None
   remat_stats: Mapping[str, int]
+  origin: str = "planned"   # or the plan cache file whose decisions were replayed
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -216,6 +223,7 @@ def _plan(graph: ShapeGraph, dims: Mapping[str, int] | None):
 
 
 def _graph(traced: TracedProgram, argument_divisors) -> ShapeGraph:
+  progress.update("shape graph", values=len(traced.program.avals))
   graph = ShapeGraph(traced)
   if argument_divisors is not None and any(d > 1 for ds in argument_divisors for d in ds):
     graph = graph.per_device(sharding_lib.propagate(traced.program, argument_divisors,
@@ -225,7 +233,8 @@ def _graph(traced: TracedProgram, argument_divisors) -> ShapeGraph:
 
 def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
                    argument_divisors: Sequence[Sequence[int]] | None = None,
-                   annotated: TracedProgram | None = None) -> Analysis:
+                   annotated: TracedProgram | None = None,
+                   decisions: plan_cache.Decisions | None = None) -> Analysis:
   """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
   many shards it is split into) makes every figure per device (sharding.py).
 
@@ -233,28 +242,88 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
   `traced` was traced saving everything (`tracing.trace(save_everything=True)`). The
   rounds then start from the step without the user's recomputation (short batches
   that fit run without it) and end with the step as the user wrote it.
+
+  `decisions`: a plan made before for this same program and settings (plan_cache.py):
+  its schedule and rounds are replayed instead of planned.
   """
   graph = _graph(traced, argument_divisors)
-  sched, rounds, stats = _plan(graph, None)
+  if decisions is None:
+    sched, rounds, stats = _plan(graph, None)
+  else:
+    sched, stats = decisions.schedule, dict(decisions.remat_stats)
+    preds = schedule_lib.dependencies(traced.program)
+    for order in {sched.order, *sched.candidates.values()}:
+      if not schedule_lib.is_valid_order(traced.program, order, preds):
+        raise ValueError("a stored schedule is not an order of the traced program")
+    rounds = remat.replay_rounds(graph, sched.order, decisions.rounds)
+    if not all(schedule_lib.is_valid_order(r.program, r.order) for r in rounds[1:]):
+      raise ValueError("a stored round does not replay to a valid program")
   if annotated is not None:
     as_written = _graph(annotated, argument_divisors)
-    order = schedule_lib.schedule(as_written).order
+    if decisions is None:
+      order = schedule_lib.schedule(as_written).order
+    elif (order := decisions.as_written_order) is None or not schedule_lib.is_valid_order(
+        annotated.program, order):
+      raise ValueError("a stored plan lacks a valid order of the annotated step")
     rounds += (remat.Round((), (), annotated.program, order, as_written, as_written=True),)
   return Analysis(traced, graph, sched, rounds, memory_budget, stats)
+
+
+def decisions_of(analysis: Analysis) -> plan_cache.Decisions:
+  """What `analysis` decided: its schedule and each round's chosen items."""
+  planned = [r for r in analysis.rounds[1:] if not r.as_written]
+  written = [r for r in analysis.rounds if r.as_written]
+  return plan_cache.Decisions(analysis.schedule, tuple(r.regions for r in planned),
+                              dict(analysis.remat_stats),
+                              written[0].order if written else None)
 
 
 def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
                      memory_budget: int | None = None,
                      argument_divisors: Sequence[Sequence[int]] | None = None,
-                     undo_checkpoints: bool = True) -> Analysis:
+                     undo_checkpoints: bool = True,
+                     plan_cache_dir: str | os.PathLike | None = None) -> Analysis:
   """Traces `fun` with symbolic dims and plans it (`analyze_traced`). A step with
   `jax.checkpoint` / `nn.remat` / `nnx.remat` regions is traced a second time without
   them (`undo_checkpoints`): per shape, the run time may then skip the recomputation
-  the annotation asks for where memory allows, or keep it (the last round)."""
+  the annotation asks for where memory allows, or keep it (the last round).
+
+  `plan_cache_dir` (default $JAX_SYMMEM_PLAN_CACHE; unset: no cache): where plans are
+  kept across processes (plan_cache.py). A plan stored for the same program, settings
+  and versions is replayed onto the fresh trace instead of planned again."""
   from jax_symmem._src import tracing
-  kw = dict(polymorphic_shapes=polymorphic_shapes, constraints=constraints)
-  traced = tracing.trace(fun, *args, **kw)
-  annotated = None
-  if undo_checkpoints and tracing.has_checkpoints(traced.closed_jaxpr):
-    annotated, traced = traced, tracing.trace(fun, *args, save_everything=True, **kw)
-  return analyze_traced(traced, memory_budget, argument_divisors, annotated)
+  start = time.perf_counter()
+  name = getattr(fun, "__name__", type(fun).__name__)
+  with progress.planning(name):
+    progress.update("tracing")
+    kw = dict(polymorphic_shapes=polymorphic_shapes, constraints=constraints)
+    traced = tracing.trace(fun, *args, **kw)
+    annotated = None
+    if undo_checkpoints and tracing.has_checkpoints(traced.closed_jaxpr):
+      annotated, traced = traced, tracing.trace(fun, *args, save_everything=True, **kw)
+    cache_dir = plan_cache.directory(plan_cache_dir)
+    if cache_dir is None:
+      result = analyze_traced(traced, memory_budget, argument_divisors, annotated)
+      if (elapsed := time.perf_counter() - start) >= progress.AFTER_S:
+        logging.info("jax_symmem: planned %s in %.1f s", name, elapsed)
+      return result
+    key = plan_cache.fingerprint(
+        [t.closed_jaxpr for t in (traced, annotated) if t is not None],
+        traced.constraints.source, memory_budget, argument_divisors,
+        {"undo_checkpoints": undo_checkpoints})
+    decisions = plan_cache.load(cache_dir, key)
+    path = plan_cache.path_for(cache_dir, key)
+    if decisions is not None:
+      try:
+        result = analyze_traced(traced, memory_budget, argument_divisors, annotated, decisions)
+        logging.info("jax_symmem: plan for %s replayed from %s in %.2f s", name, path,
+                     time.perf_counter() - start)
+        return dataclasses.replace(result, origin=path)
+      except Exception as e:  # a plan that does not fit the trace is never trusted
+        logging.warning("jax_symmem: ignoring plan cache file %s (it does not replay: "
+                        "%s: %s); planning again", path, type(e).__name__, e)
+    result = analyze_traced(traced, memory_budget, argument_divisors, annotated)
+    saved = plan_cache.save(cache_dir, key, decisions_of(result))
+    logging.info("jax_symmem: planned %s in %.2f s%s", name, time.perf_counter() - start,
+                 f"; plan stored in {saved}" if saved else "")
+    return result

@@ -85,12 +85,14 @@ class SymmemFunction:
 
   def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
                impose_schedule: bool = False, static_argnums=(), static_argnames=(),
-               donate_argnums=(), in_shardings=None, out_shardings=None, **jit_kwargs):
+               donate_argnums=(), in_shardings=None, out_shardings=None, plan_cache_dir=None,
+               **jit_kwargs):
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
     self._constraints = tuple(constraints)
     self._budget_arg = memory_budget
+    self._plan_cache_dir = plan_cache_dir
     self._static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                         else set(static_argnums)))
     self._static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
@@ -280,7 +282,7 @@ class SymmemFunction:
         entry.analysis = analysis_lib.analyze_function(
             bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
             constraints=self._constraints, memory_budget=self._budget(),
-            argument_divisors=divisors)
+            argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
@@ -336,7 +338,7 @@ class SymmemFunction:
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
-        impose_schedule: bool = False, **jax_jit_kwargs):
+        impose_schedule: bool = False, plan_cache_dir=None, **jax_jit_kwargs):
   """Like `jax.jit`, for steps whose shapes change: one symbolic plan, a decision per shape.
 
   Args:
@@ -348,6 +350,10 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       default the device's limit where known, otherwise no eviction.
     impose_schedule: fence jax_symmem's memory-aware order into XLA with
       optimization barriers instead of leaving the order to XLA's scheduler.
+    plan_cache_dir: a directory where memory plans are kept across processes
+      (default $JAX_SYMMEM_PLAN_CACHE; neither: no cache). A restarted job replays
+      the stored plan instead of planning again; with JAX's persistent compilation
+      cache (`jax_compilation_cache_dir`) it also skips XLA's compiles.
     **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, in_shardings and
       out_shardings as in jax.jit. With shardings (or sharded arguments) the memory
       model and the budget are per device.
@@ -355,7 +361,7 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
   if fun is None:
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                              memory_budget=memory_budget, impose_schedule=impose_schedule,
-                             **jax_jit_kwargs)
+                             plan_cache_dir=plan_cache_dir, **jax_jit_kwargs)
   return SymmemFunction(fun, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                         memory_budget=memory_budget, impose_schedule=impose_schedule,
-                        **jax_jit_kwargs)
+                        plan_cache_dir=plan_cache_dir, **jax_jit_kwargs)

@@ -26,6 +26,7 @@ from jax import lax
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
+from jax_symmem._src import progress
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -283,6 +284,8 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
         rename.setdefault(later, {})[r.value] = mapping[r.value]
   for i, ren in rename.items():
     n = nodes[i]
+    if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
+      continue   # reads none of the evicted values: keep the node as it is
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
   return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
@@ -318,6 +321,38 @@ def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
   return copies
 
 
+def first_round(graph: ShapeGraph, order: Sequence[int]) -> Round:
+  """Round 0: the traced program in `order`, nothing evicted."""
+  return Round((), (), graph.traced.program, tuple(order), graph,
+               loop_remat.scan_pairs(graph.traced.program))
+
+
+def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction]) -> Round:
+  """The round after `last` that evicts `chosen`: scan residuals are rewritten into
+  their loop pair (`loop_remat.rewrite`), flat regions applied (`apply_regions`).
+  Planning and replaying a stored plan (plan_cache.py) both build rounds here."""
+  program, loops = last.program, dict(last.loops)
+  evictions = [r for r in chosen if isinstance(r, loop_remat.LoopEviction)]
+  for fi in sorted({r.forward for r in evictions}):
+    evicted = loops[fi].evicted | {r.output for r in evictions if r.forward == fi}
+    program, loops[fi] = loop_remat.rewrite(program, loops[fi], evicted)
+  flat = [r for r in chosen if isinstance(r, Region)]
+  rewritten, new_order, blocks = apply_regions(program, last.order, flat)
+  loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
+  return Round(tuple(chosen), blocks, rewritten, new_order,
+               last.graph.extended(rewritten, _copies(rewritten, blocks)), loops)
+
+
+def replay_rounds(graph: ShapeGraph, order: Sequence[int],
+                  chosen: Sequence[Sequence[Region | loop_remat.LoopEviction]]
+                  ) -> tuple[Round, ...]:
+  """The rounds of a plan made before (`plan_rounds`), from each round's chosen items."""
+  rounds = [first_round(graph, order)]
+  for items in chosen:
+    rounds.append(apply_round(rounds[-1], items))
+  return tuple(rounds)
+
+
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
                 shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
                 per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:
@@ -330,16 +365,16 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   time, the smallest k that fits the budget is dispatched.
   """
   tight = dict(shape_of_interest or graph.max_dims())
-  rounds = [Round((), (), graph.traced.program, tuple(order), graph,
-                  loop_remat.scan_pairs(graph.traced.program))]
+  rounds = [first_round(graph, order)]
   stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
   best, stale = rounds[0].peak_at(tight), 0
-  for _ in range(max_rounds):
+  for k in range(max_rounds):
+    progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
     last = rounds[-1]
     p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
              loops=last.loops)
-    for k, v in p.stats.items():
-      stats[k] += v
+    for key, v in p.stats.items():
+      stats[key] += v
     chosen: list[Region] = []
     for r in p.regions:
       if compatible(chosen, r):
@@ -348,16 +383,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
         break
     if not chosen:
       break
-    program, loops = last.program, dict(last.loops)
-    for fi in sorted({r.forward for r in chosen if isinstance(r, loop_remat.LoopEviction)}):
-      evicted = loops[fi].evicted | {r.output for r in chosen
-                                     if isinstance(r, loop_remat.LoopEviction) and r.forward == fi}
-      program, loops[fi] = loop_remat.rewrite(program, loops[fi], evicted)
-    flat = [r for r in chosen if isinstance(r, Region)]
-    rewritten, new_order, blocks = apply_regions(program, last.order, flat)
-    loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
-    rounds.append(Round(tuple(chosen), blocks, rewritten, new_order,
-                        last.graph.extended(rewritten, _copies(rewritten, blocks)), loops))
+    rounds.append(apply_round(last, chosen))
     peak = rounds[-1].peak_at(tight)
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:

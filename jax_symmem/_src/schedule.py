@@ -25,6 +25,7 @@ from typing import Mapping, Sequence
 
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
+from jax_symmem._src import progress
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Program
@@ -63,12 +64,15 @@ def dependencies(program: Program) -> list[set[int]]:
   return preds
 
 
-def is_valid_order(program: Program, order: Sequence[int]) -> bool:
-  """A permutation of the nodes that respects data and effect dependencies."""
+def is_valid_order(program: Program, order: Sequence[int],
+                   preds: Sequence[set[int]] | None = None) -> bool:
+  """A permutation of the nodes that respects data and effect dependencies
+  (`preds`: `dependencies(program)`, where the caller checks several orders)."""
   if sorted(order) != list(range(len(program.nodes))):
     return False
   pos = {i: k for k, i in enumerate(order)}
-  return all(pos[p] < pos[i] for i, ps in enumerate(dependencies(program)) for p in ps)
+  preds = dependencies(program) if preds is None else preds
+  return all(pos[p] < pos[i] for i, ps in enumerate(preds) for p in ps)
 
 
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,
@@ -105,6 +109,7 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
   candidates, moves, counts = {}, {}, collections.Counter()
   for k, point in enumerate(points):
+    progress.update("schedule candidates at shape of interest", k + 1, len(points))
     chooser = _Chooser(graph, symbolic, exact_env, point)
     listed = {"forward": _forward(state, chooser), "backward": _backward(state, chooser)}
     counts.update(chooser.stats)   # decision counts: every pass at every point

@@ -163,14 +163,18 @@ class ShapeGraph:
     return ValueInfo(vid, dims, dtype, size, node.name if node else None,
                      node.source if node else "", itemsize(aval))
 
-  def _collect(self, program: Program, values, relations) -> None:
+  def _collect(self, program: Program, values, relations, known=()) -> None:
+    """Adds the values of `program` not in `known` to `values`, and its relations
+    to `relations` unless that is None."""
     for i in program.inputs:
-      values[i] = self._info(i, program.avals[i], None)
+      if i not in known:
+        values[i] = self._info(i, program.avals[i], None)
     for node in program.nodes:   # a rewrite may read values of later-appended nodes
       for o in node.outputs:
-        values[o] = self._info(o, program.avals[o], node)
+        if o not in known:
+          values[o] = self._info(o, program.avals[o], node)
     for node in program.nodes:
-      rule = RELATION_RULES.get(node.name)
+      rule = RELATION_RULES.get(node.name) if relations is not None else None
       if rule is not None:
         ins = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const)
                else values[x].dims for x in node.inputs]
@@ -178,7 +182,7 @@ class ShapeGraph:
         for kind, lhs, rhs in rule(node, ins, outs):
           relations.append(Relation(kind, lhs, rhs, node.source))
       for sub in node.subprograms:
-        self._collect(sub, values, relations)
+        self._collect(sub, values, relations, known)
 
   @staticmethod
   def _close(cons: constraints_lib.Constraints, relations: list[Relation]):
@@ -204,10 +208,8 @@ class ShapeGraph:
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
     values = dict(self.values)
     fresh: dict[int, ValueInfo] = {}
-    new._collect(program, fresh, [])
+    new._collect(program, fresh, None, known=self.values)
     for vid, info in fresh.items():
-      if vid in values:
-        continue
       original = values.get((copies or {}).get(vid))
       values[vid] = info if original is None else dataclasses.replace(
           info, dims=original.dims, bytes=original.bytes)

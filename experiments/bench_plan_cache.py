@@ -1,0 +1,127 @@
+"""Benchmark: analysis time of a Llama step planned cold vs replayed from the plan cache.
+
+Each measurement runs in a fresh process (a restarted job): it imports jax_symmem,
+builds the Llama preset's abstract state, and times `analyze_function` (tracing,
+shape graph, schedule, remat rounds; with the cache warm: tracing, shape graph,
+replaying the stored rounds). The first process plans and stores the plan; the
+next ones (another PYTHONHASHSEED each) load it. Each warm process checks that
+its rounds' modeled peaks equal the cold plan's at a few shapes. With
+--first-call each process then times `symmem.jit`'s first call (a fresh
+`SymmemFunction` under a budget: analysis again, under another plan key than the
+budget-less analysis above, so the cold process plans it from scratch and later
+processes load it; plus XLA's compiles, from JAX's persistent compilation cache
+once stored).
+
+  python experiments/bench_plan_cache.py [--preset small] [--scan] [--warm 2]
+                                         [--first-call] [--budget-mib 256]
+
+Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import platform
+import subprocess
+import sys
+import tempfile
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
+
+_CHILD = """
+import json, sys, time
+import jax, jax.numpy as jnp
+from jax_symmem._src import analysis as analysis_lib
+from jax_symmem.examples import llama
+preset, scan = sys.argv[1], sys.argv[2] == "1"
+cfg = llama.PRESETS[preset]
+state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
+fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan))
+tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+mask = jax.ShapeDtypeStruct((2, 16), jnp.float32)
+start = time.perf_counter()
+a = analysis_lib.analyze_function(fn, state, tokens, mask,
+                                  polymorphic_shapes=(None, "b, s", "b, s"),
+                                  constraints=llama.step_constraints(cfg.max_len, 16))
+seconds = time.perf_counter() - start
+dims = json.loads(sys.argv[3])
+first_call = None
+if sys.argv[4] != "-":   # a restarted job: symmem.jit with both caches, its first call
+  jax.config.update("jax_compilation_cache_dir", sys.argv[4])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  import jax_symmem as symmem
+  step = symmem.jit(fn, polymorphic_shapes=(None, "b, s", "b, s"),
+                    constraints=llama.step_constraints(cfg.max_len, 16),
+                    memory_budget=int(sys.argv[5]))
+  real_state = llama.init_state(cfg, scan_layers=scan)
+  batch = llama.example_batch(cfg, 2, 128)
+  start = time.perf_counter()
+  jax.block_until_ready(step(real_state, *batch))
+  first_call = time.perf_counter() - start
+print(json.dumps({"seconds": seconds, "first_call": first_call, "origin": a.origin, "rounds": len(a.rounds),
+                  "loop_evictions": sum(type(r).__name__ == "LoopEviction"
+                                        for rnd in a.rounds for r in rnd.regions),
+                  "peaks": [[a.round_peak(k, d) for k in range(len(a.rounds))] for d in dims]}))
+"""
+
+
+def _run(cache_dir: str, preset: str, scan: bool, seed: int, xla_cache: str | None,
+         budget: int) -> dict:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED=str(seed),
+             JAX_SYMMEM_PLAN_CACHE=cache_dir, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _CHILD, preset, "1" if scan else "0",
+                        json.dumps(DIMS), xla_cache or "-", str(budget)], env=env, capture_output=True, text=True, check=False)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-4000:])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--preset", default="small")
+  parser.add_argument("--scan", action="store_true", help="nn.scan over the layers")
+  parser.add_argument("--warm", type=int, default=2, help="warm processes after the cold one")
+  parser.add_argument("--first-call", action="store_true",
+                      help="also time symmem.jit's first call (b=2, s=128) with JAX's persistent "
+                           "compilation cache in the same directory")
+  parser.add_argument("--budget-mib", type=int, default=256)
+  args = parser.parse_args()
+  budget = args.budget_mib * 2**20
+  with tempfile.TemporaryDirectory() as cache_dir:
+    xla = os.path.join(cache_dir, "xla") if args.first_call else None
+    cold = _run(cache_dir, args.preset, args.scan, 1, xla, budget)
+    warm = [_run(cache_dir, args.preset, args.scan, 2 + k, xla, budget) for k in range(args.warm)]
+    stored = sum(f.stat().st_size for f in pathlib.Path(cache_dir).glob("*.json"))
+  assert cold["origin"] == "planned", cold["origin"]
+  for w in warm:
+    assert w["origin"] != "planned", "the warm process planned again"
+    assert w["peaks"] == cold["peaks"], "replayed rounds model other peaks"
+  name = f"llama {args.preset}" + (" (scan)" if args.scan else "")
+  print(f"{name}: {cold['rounds'] - 1} remat rounds, {cold['loop_evictions']} loop evictions, "
+        f"plan files {stored / 1024:.0f} KiB")
+  first = lambda r: f"{r['first_call']:>16.2f}" if r["first_call"] is not None else ""
+  print(f"{'process':<10}{'analysis s':>12}" + (f"{'first call s':>16}" if args.first_call else ""))
+  print(f"{'cold':<10}{cold['seconds']:>12.2f}{first(cold)}")
+  for k, w in enumerate(warm):
+    print(f"{'warm ' + str(k + 1):<10}{w['seconds']:>12.2f}{first(w)}")
+  best = min(w["seconds"] for w in warm)
+  print(f"speedup {cold['seconds'] / best:.1f}x; warm <= 1 s: {best <= 1.0}")
+  result = {"preset": args.preset, "scan": args.scan, "cold_s": cold["seconds"],
+            "warm_s": [w["seconds"] for w in warm],
+            "first_call_s": {"cold": cold["first_call"], "warm": [w["first_call"] for w in warm],
+                             "budget_bytes": budget} if args.first_call else None, "rounds": cold["rounds"] - 1,
+            "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
+            "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),
+            "python": platform.python_version()}
+  out = ROOT / "experiments" / "results" / (
+      f"bench_plan_cache{'_scan' if args.scan else ''}_{args.preset}.json")
+  out.write_text(json.dumps(result, indent=1) + "\n")
+  print(f"wrote {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+  main()
