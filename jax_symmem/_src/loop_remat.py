@@ -276,12 +276,15 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   new_ids = list(range(next_id, next_id + len(new_carries)))
   next_id += len(new_carries)
   f_outputs = [f.outputs[j] for j in kept_outputs] + new_ids
-  new_f = _rebind(new_f, sub, f_operands, f_outputs, f.index)
+  new_f, forwarded = _rebind(new_f, sub, f_operands, f_outputs, f.index)
   avals = dict(program.avals)
   for v, o in zip(f_outputs, sub.outputs):
-    avals[v] = sub.avals[o]
+    if not isinstance(o, Const):
+      avals[v] = sub.avals[o]
   carry_stack = {c: f.outputs[j] for c, j in stacked.items()}
   carry_stack.update(zip(new_carries, new_ids))
+  carry_stack = {c: _renamed(v, forwarded) for c, v in carry_stack.items()}
+  b_inputs = [_renamed(x, forwarded) for x in b_inputs]
 
   # -- backward: regenerate the evicted residuals from one replay of the forward body.
   evicted_positions = {k: j for j, ks in state.links.items() if j in evicted for k in ks}
@@ -315,23 +318,50 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
 
   new_avals = [avals[x] if not isinstance(x, Const) else x.aval for x in b_operands]
   new_b, sub = tracing.node_from_function(backward_fn, new_avals, next_id)
-  new_b = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
+  new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
+  forwarded.update(b_forwarded)
 
-  nodes = list(program.nodes)
+  # Outputs lax.scan forwarded from its operands are read from those operands.
+  nodes = [dataclasses.replace(n, inputs=tuple(_renamed(x, forwarded) for x in n.inputs))
+           if forwarded and i not in (f.index, b.index) else n
+           for i, n in enumerate(program.nodes)]
   nodes[f.index], nodes[b.index] = new_f, new_b
-  return (Program(program.inputs, tuple(nodes), program.outputs, avals),
-          dataclasses.replace(state, evicted=frozenset(evicted)))
+  outputs = tuple(_renamed(x, forwarded) for x in program.outputs)
+  return (Program(program.inputs, tuple(nodes), outputs, avals),
+          dataclasses.replace(state, evicted=frozenset(evicted), backward_operands=tuple(
+              _renamed(x, forwarded) for x in state.backward_operands)))
 
 
 def _aval(program: Program, x):
   return x.aval if isinstance(x, Const) else program.avals[x]
 
 
-def _rebind(node: Node, sub: Program, operands, outputs, index: int) -> Node:
-  """`node` (from a one-node program `sub`) reading `operands`, writing `outputs`."""
+def _renamed(x, rename):
+  return x if isinstance(x, Const) else rename.get(x, x)
+
+
+def _rebind(node: Node, sub: Program, operands, outputs, index: int):
+  """`node` (from a one-node program `sub`) reading `operands` and writing `outputs`.
+
+  `lax.scan` drops outputs that merely forward an operand (or repeat another output):
+  those come back as {expected output id: the operand (or output) it is}, for the
+  caller to rename its readers. Returns (node, that mapping).
+  """
   rename = dict(zip(sub.inputs, operands))
-  if len(node.outputs) != len(outputs):
-    raise ValueError(f"rewritten scan has {len(node.outputs)} outputs, expected {len(outputs)}")
-  return dataclasses.replace(
-      node, index=index, outputs=tuple(outputs),
+  position = {o: m for m, o in enumerate(node.outputs)}
+  ids: list = [None] * len(node.outputs)
+  forwarded = {}
+  for want, got in zip(outputs, sub.outputs):
+    m = None if isinstance(got, Const) else position.get(got)
+    if m is None:
+      forwarded[want] = got if isinstance(got, Const) else rename[got]
+    elif ids[m] is None:
+      ids[m] = want
+    else:
+      forwarded[want] = ids[m]
+  if None in ids:
+    raise ValueError(f"rewritten {node.name} has outputs the traced one did not")
+  node = dataclasses.replace(
+      node, index=index, outputs=tuple(ids),
       inputs=tuple(x if isinstance(x, Const) else rename[x] for x in node.inputs))
+  return node, forwarded
