@@ -1,5 +1,7 @@
 """Steps that already hold jax.checkpoint / nn.remat regions: undone per shape where memory allows."""
 
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -10,6 +12,7 @@ from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import tracing
 from jax_symmem.examples import llama
+from tests import budgets
 
 SHAPES = (None, "b, s", "b, s")
 CONSTRAINTS = ("s <= 128", "b <= 2", "s >= 2")
@@ -38,7 +41,8 @@ def test_tracing_saving_everything_drops_the_recomputation():
   chex.assert_trees_all_close(grad, jax.jit(fun)(w, x), rtol=1e-6)
 
 
-@pytest.mark.parametrize("scan", [False, True])
+# Scanned in the fast tier; unrolled (the same rounds, twice the tracing) slow.
+@pytest.mark.parametrize("scan", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_rounds_start_without_the_annotation_and_end_as_written(scan):
   cfg = llama.PRESETS["tiny"]
   state = llama.init_state(cfg, scan_layers=scan)
@@ -58,15 +62,14 @@ def test_rounds_start_without_the_annotation_and_end_as_written(scan):
 
 
 def test_symmem_jit_skips_the_annotation_where_memory_allows():
-  cfg = llama.PRESETS["tiny"]
+  cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=1)   # one layer: compiles fast
   state = llama.init_state(cfg)
   fn = llama.train_step_fn(llama.Llama(cfg, "layer"))
   analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
                             polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
   long = {"b": 2, "s": 128}
-  peaks = [analysis.round_peak(k, long) for k in range(len(analysis.rounds))]
-  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
-                    memory_budget=(peaks[0] + min(peaks)) // 2)
+  budget = budgets.tight_budget(analysis, long, (state, *llama.example_batch(cfg, 2, 128)))
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS, memory_budget=budget)
   for s in (8, 128):
     tokens, mask = llama.example_batch(cfg, 2, s, seed=s)
     out = step(state, tokens, mask)
