@@ -61,6 +61,8 @@ def test_rounds_start_without_the_annotation_and_end_as_written(scan):
   assert analysis.round_peak(len(analysis.rounds) - 1, dims) < analysis.round_peak(0, dims)
 
 
+# Compiles three variants: slow; the rounds test covers the plan fast.
+@pytest.mark.slow
 def test_symmem_jit_skips_the_annotation_where_memory_allows():
   cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=1)   # one layer: compiles fast
   state = llama.init_state(cfg)

@@ -301,6 +301,8 @@ def test_symmem_jit_stores_and_reuses_plans(tmp_path):
   assert float(loss1) == float(loss2)
 
 
+# Two traces of a checkpointed Llama: slow; the scanned round trip covers the replay fast.
+@pytest.mark.slow
 def test_a_checkpointed_step_round_trips_with_its_round_as_written(tmp_path):
   cfg = llama.PRESETS["tiny"]
   state = jax.eval_shape(lambda: llama.init_state(cfg))

@@ -52,8 +52,9 @@ def test_recomputed_values_keep_their_split_in_later_rounds():
   # A clone of a value split 8 ways is split 8 ways too: rounds >= 1 of a
   # data-parallel step are modeled per device, like round 0.
   from jax_symmem._src import analysis as analysis_lib
+  import dataclasses
   from jax_symmem.examples import llama
-  cfg = llama.PRESETS["tiny"]
+  cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=1)
   state = llama.init_state(cfg)
   tokens, mask = llama.example_batch(cfg, 16, 48)
   traced = symmem.trace(llama.train_step_fn(llama.Llama(cfg)), state, tokens, mask,

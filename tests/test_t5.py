@@ -36,6 +36,8 @@ def init():
   gc.collect()
 
 
+# Two shapes of an encoder-decoder compiled twice: slow; the trace tests stay fast.
+@pytest.mark.slow
 def test_symmem_flag_matches_jax_jit(init):
   step = t5.make_train_step(CFG, use_symmem=True, max_batch=MAX_BATCH)
   assert isinstance(step, symmem.SymmemFunction)
