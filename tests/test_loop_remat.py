@@ -6,6 +6,7 @@ from hypothesis import strategies as st
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import executor
@@ -69,7 +70,7 @@ def test_scan_pairs_link_every_stacked_residual_to_the_backward_scan():
       assert k >= b.params["num_consts"] + b.params["num_carry"]
 
 
-@hypothesis.settings(max_examples=6, deadline=None, derandomize=True)
+@hypothesis.settings(max_examples=3, deadline=None, derandomize=True)
 @hypothesis.given(activations=st.lists(st.integers(0, 3), min_size=1, max_size=3),
                   n_layers=st.integers(1, 4), seq_axis_mix=st.booleans(),
                   b=st.integers(1, 3), s=st.integers(2, 24))
@@ -93,6 +94,8 @@ def _xla_bytes(fn, args):
           - ma.alias_size_in_bytes)
 
 
+# Three XLA compiles of a scanned Llama: slow; experiments/bench_models.py measures the reach.
+@pytest.mark.slow
 def test_the_last_loop_round_reaches_per_layer_checkpointing_in_xla():
   cfg = llama.PRESETS["tiny"]
   state = llama.init_state(cfg, scan_layers=True)
@@ -119,6 +122,9 @@ def test_the_last_loop_round_reaches_per_layer_checkpointing_in_xla():
   assert ours <= 1.05 * per_layer < unplanned, (ours, per_layer, unplanned)
 
 
+# Compiles a scanned Llama at two shapes and the references: slow; the fast tier runs
+# symmem.jit on loop rounds in tests/test_llama.py (nnx.scan) and checks every round here.
+@pytest.mark.slow
 def test_symmem_jit_on_a_scanned_llama_under_a_budget_matches_jax_jit():
   cfg = llama.PRESETS["tiny"]
   state = llama.init_state(cfg, scan_layers=True)
@@ -149,6 +155,8 @@ def test_symmem_jit_on_a_scanned_llama_under_a_budget_matches_jax_jit():
   assert step.last_call["round"] > 0   # the long batch needed loop evictions
 
 
+# A scanned Llama op by op: slow; tests/test_memory.py checks a scan's bodies op by op fast.
+@pytest.mark.slow
 def test_model_of_loop_rounds_equals_running_the_bodies_op_by_op():
   cfg = llama.PRESETS["tiny"]
   state = llama.init_state(cfg, scan_layers=True)

@@ -241,10 +241,11 @@ def test_a_restarted_process_reuses_the_plan(tmp_path):
 # --- loops --------------------------------------------------------------------------------
 
 
-def test_a_scanned_llama_round_trips_with_its_loop_evictions(tmp_path):
+def _llama_cold_and_warm(tmp_path, remat_policy=None, scan_layers=False):
+  """A tiny Llama step analysed twice with one cache directory: planned, then loaded."""
   cfg = llama.PRESETS["tiny"]
-  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=True))
-  fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=True))
+  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan_layers))
+  fn = llama.train_step_fn(llama.Llama(cfg, remat_policy, scan_layers))
   tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
   mask = jax.ShapeDtypeStruct((2, 16), jnp.float32)
   run = lambda: analysis_lib.analyze_function(
@@ -252,6 +253,13 @@ def test_a_scanned_llama_round_trips_with_its_loop_evictions(tmp_path):
       constraints=llama.step_constraints(256, 16), plan_cache_dir=str(tmp_path))
   cold, warm = run(), run()
   assert cold.origin == "planned" and warm.origin != "planned"
+  return cold, warm
+
+
+# A scanned Llama planned and replayed: slow; the transformer round trips cover replay fast.
+@pytest.mark.slow
+def test_a_scanned_llama_round_trips_with_its_loop_evictions(tmp_path):
+  cold, warm = _llama_cold_and_warm(tmp_path, scan_layers=True)
   assert any(isinstance(r, loop_remat.LoopEviction) for rnd in warm.rounds for r in rnd.regions)
   _assert_same_plan(cold, warm, ({"b": 1, "s": 2}, {"b": 4, "s": 100}, {"b": 16, "s": 256}))
   for ra, rb in zip(cold.rounds, warm.rounds):
@@ -304,15 +312,6 @@ def test_symmem_jit_stores_and_reuses_plans(tmp_path):
 # Two traces of a checkpointed Llama: slow; the scanned round trip covers the replay fast.
 @pytest.mark.slow
 def test_a_checkpointed_step_round_trips_with_its_round_as_written(tmp_path):
-  cfg = llama.PRESETS["tiny"]
-  state = jax.eval_shape(lambda: llama.init_state(cfg))
-  fn = llama.train_step_fn(llama.Llama(cfg, "layer"))
-  tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
-  mask = jax.ShapeDtypeStruct((2, 16), jnp.float32)
-  run = lambda: analysis_lib.analyze_function(
-      fn, state, tokens, mask, polymorphic_shapes=(None, "b, s", "b, s"),
-      constraints=llama.step_constraints(256, 16), plan_cache_dir=str(tmp_path))
-  cold, warm = run(), run()
-  assert cold.origin == "planned" and warm.origin != "planned"
+  cold, warm = _llama_cold_and_warm(tmp_path, remat_policy="layer")
   assert cold.rounds[-1].as_written and warm.rounds[-1].as_written
   _assert_same_plan(cold, warm, ({"b": 1, "s": 2}, {"b": 16, "s": 256}))

@@ -74,6 +74,8 @@ def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():
     a.choose_round(dims, min(peaks) - 1)
 
 
+# Plans the step again at exact shapes: slow; the rounds' own tests stay fast.
+@pytest.mark.slow
 def test_static_anchor_and_analysis_peaks():
   a = _analysis()
   for s in (8, 64, 128):
