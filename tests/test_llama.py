@@ -189,7 +189,10 @@ def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_opt
   step = llama_nnx.make_nnx_train_step(
       model, optimizer, use_symmem=True, max_len=MAX_LEN, max_batch=MAX_BATCH,
       memory_budget=budgets.tight_budget(analysis, dims, (state, tokens, mask))).jitted
-  got = step(state, tokens, mask)
+  # The budget is a few MiB: arrays other tests of this module hold must not count
+  # against it as other live arrays.
+  with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+    got = step(state, tokens, mask)
   assert "fallback" not in step.last_call and step.last_call["round"] > 0
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
              else jit_lib.GPU_COMPILER_OPTIONS)
