@@ -380,19 +380,23 @@ def _pct(part: int, whole: int) -> str:
   return f"{part:>7} ({part / whole:5.1%})" if whole else f"{part:>7} (   - )"
 
 
+def _header(caption: str, hdr: str) -> None:
+  print()
+  print(caption)
+  print(hdr)
+  print("-" * len(hdr))
+
+
 def _print(results: list[dict], args) -> None:
   print(f"AdamW training steps traced with symbolic (b, s); batch {args.batch}; jax "
         f"{results[0].get('jax', '')}; {os.cpu_count()} CPUs, load average at start "
         f"{args.load_start}")
-  print()
-  print("decision counts: decided for every shape / DEPENDS (resolved at the largest shape) / "
-        "fallback (UNKNOWN: size-blind rule). schedule: as Analysis.stats reports it (the list "
-        "passes at the main shape of interest); sched all: every pass, at every shape of interest; "
-        "remat: ranking comparisons over all rounds; ablation: symbolic=False schedule")
-  hdr = (f"{'workload':<10}{'nodes':>7}{'params':>9}{'analysis s':>11} | {'kind':<9}"
-         f"{'comparisons':>12}{'decided':>17}{'depends':>17}{'fallback':>17}")
-  print(hdr)
-  print("-" * len(hdr))
+  _header("decision counts: decided for every shape / DEPENDS (resolved at the largest shape) / "
+          "fallback (UNKNOWN: size-blind rule). schedule: as Analysis.stats reports it (the list "
+          "passes at the main shape of interest); sched all: every pass, at every shape of interest; "
+          "remat: ranking comparisons over all rounds; ablation: symbolic=False schedule",
+          f"{'workload':<10}{'nodes':>7}{'params':>9}{'analysis s':>11} | {'kind':<9}"
+          f"{'comparisons':>12}{'decided':>17}{'depends':>17}{'fallback':>17}")
   for r in results:
     name = r["workload"]
     if "schedule" not in r:
@@ -431,16 +435,13 @@ def _print(results: list[dict], args) -> None:
             f"ablation winner '{r['ablation']['winner']}'; same order: "
             f"{r['ablation']['same_order_as_symbolic']}; remat: {r['remat']['rounds']} rounds, "
             f"{r['remat']['regions']} regions, {r['remat']['nodes_last_round']} nodes in the last")
-  print()
-  print("modeled peak, MiB (lower is better): trace order | ablation = symbolic=False schedule | "
-        "symbolic schedule (round 0) | forward list schedule alone and after the sink pass, ablation "
-        "vs symbolic | "
-        "remat floor (smallest over the rounds, round) on the ablation / symbolic schedule | "
-        "dispatched under the budget (round)")
-  hdr = (f"{'workload':<10}{'seq':>6} | {'trace':>8}{'ablation':>10}{'symbolic':>10}{'sym/tr':>8} | "
-         f"{'fwd abl':>9}{'fwd sym':>9}{'f+s abl':>9}{'f+s sym':>9} | {'floor abl':>14}{'floor sym':>14} | {'budget':>14}")
-  print(hdr)
-  print("-" * len(hdr))
+  _header("modeled peak, MiB (lower is better): trace order | ablation = symbolic=False schedule | "
+          "symbolic schedule (round 0) | forward list schedule alone and after the sink pass, "
+          "ablation vs symbolic | remat floor (smallest over the rounds, round) on the ablation / "
+          "symbolic schedule | dispatched under the budget (round)",
+          f"{'workload':<10}{'seq':>6} | {'trace':>8}{'ablation':>10}{'symbolic':>10}{'sym/tr':>8} | "
+          f"{'fwd abl':>9}{'fwd sym':>9}{'f+s abl':>9}{'f+s sym':>9} | {'floor abl':>14}"
+          f"{'floor sym':>14} | {'budget':>14}")
   m = lambda x: "-" if x is None else f"{x / MiB:.1f}"
   for r in results:
     for row in r.get("rows", []):

@@ -42,11 +42,9 @@ class RMSNorm(nnx.Module):
 class Attention(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-    linear = lambda n_in, n_out: _linear(cfg, rngs, n_in, n_out)
-    self.q = linear(cfg.d_model, cfg.d_model)
-    self.k = linear(cfg.d_model, cfg.d_model)
-    self.v = linear(cfg.d_model, cfg.d_model)
-    self.o = linear(cfg.d_model, cfg.d_model)
+    # In this order: the rngs hand out keys in turn.
+    self.q, self.k, self.v, self.o = (_linear(cfg, rngs, cfg.d_model, cfg.d_model)
+                                      for _ in range(4))
     self.n_heads, self.d_head, self.dtype = cfg.n_heads, cfg.d_head, jnp.dtype(cfg.dtype)
 
   def __call__(self, x, cos, sin):
@@ -61,10 +59,8 @@ class Attention(nnx.Module):
 class SwiGLU(nnx.Module):
 
   def __init__(self, cfg: LlamaConfig, rngs: nnx.Rngs):
-    linear = lambda n_in, n_out: _linear(cfg, rngs, n_in, n_out)
-    self.gate = linear(cfg.d_model, cfg.d_ff)
-    self.up = linear(cfg.d_model, cfg.d_ff)
-    self.down = linear(cfg.d_ff, cfg.d_model)
+    self.gate, self.up = (_linear(cfg, rngs, cfg.d_model, cfg.d_ff) for _ in range(2))
+    self.down = _linear(cfg, rngs, cfg.d_ff, cfg.d_model)
 
   def __call__(self, x):
     return self.down(nnx.silu(self.gate(x)) * self.up(x))
