@@ -173,28 +173,34 @@ def _carry_identity(state: LoopState) -> dict[int, int]:
   return found
 
 
-def _stacked_carries(state: LoopState, evicted: frozenset[int]) -> tuple[set[int], dict[int, int]]:
-  """(carry positions the regeneration of `evicted` reads, those already stacked -> output)."""
+@dataclasses.dataclass(frozen=True)
+class _Replay:
+  """What regenerating `evicted` replays of the forward body: one backward walk."""
+  nodes: frozenset[int]      # body node indices
+  inputs: frozenset[int]     # body input positions read
+  carries: frozenset[int]    # carry positions among them
+  stacked: Mapping[int, int]  # carry position -> forward output still stacking it unchanged
+
+
+def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
   f = state.forward
   nc, ncarry = f.params["num_consts"], f.params["num_carry"]
-  _, inputs = _needs(_body(f), sorted(evicted))
-  carries = {k - nc for k in inputs if nc <= k < nc + ncarry}
+  nodes, inputs = _needs(_body(f), sorted(evicted))
+  carries = frozenset(k - nc for k in inputs if nc <= k < nc + ncarry)
   stacked = {c: j for c, j in _carry_identity(state).items() if j not in evicted}
-  return carries, stacked
+  return _Replay(nodes, inputs, carries, stacked)
 
 
-def _cost(graph: ShapeGraph, state: LoopState, evicted: frozenset[int]) -> Poly:
+def _cost(graph: ShapeGraph, state: LoopState, replay: _Replay) -> Poly:
   body = _body(state.forward)
-  nodes, _ = _needs(body, sorted(evicted))
-  per_iteration = sum((flops(graph, body.nodes[i]) for i in sorted(nodes)), ZERO)
+  per_iteration = sum((flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
   return state.forward.params["length"] * per_iteration
 
 
-def _replayable(state: LoopState, evicted: frozenset[int]) -> bool:
+def _replayable(state: LoopState, replay: _Replay) -> bool:
   body = _body(state.forward)
-  nodes, _ = _needs(body, sorted(evicted))
   return all(not body.nodes[i].effects and body.nodes[i].name not in NOT_REPLAYABLE
-             for i in nodes)
+             for i in replay.nodes)
 
 
 def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[str, int]
@@ -204,22 +210,22 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
   for fi, state in pairs.items():
     f = state.forward
     identities = set(_carry_identity(state).values())
-    base_cost = _cost(graph, state, state.evicted) if state.evicted else ZERO
-    base_carries, _ = _stacked_carries(state, state.evicted) if state.evicted else (set(), {})
+    base = _replay(state, state.evicted) if state.evicted else None
+    base_cost = _cost(graph, state, base) if base else ZERO
+    base_carries = base.carries if base else frozenset()
     for j in sorted(state.links):
       if j in state.evicted or j in identities:
         continue   # a stacked carry is what regenerations start from
-      evicted = state.evicted | {j}
-      if not _replayable(state, evicted):
+      replay = _replay(state, state.evicted | {j})
+      if not _replayable(state, replay):
         continue
-      carries, stacked = _stacked_carries(state, evicted)
       extra = sum((graph.bytes(f.inputs[f.params["num_consts"] + c])
-                   for c in carries - base_carries if c not in stacked), ZERO)
+                   for c in replay.carries - base_carries if c not in replay.stacked), ZERO)
       saved = graph.bytes(f.outputs[j]) - f.params["length"] * extra
       if saved.evaluate(env) <= 0:
         continue
       out.append(LoopEviction(fi, j, f.outputs[j], saved,
-                              _cost(graph, state, evicted) - base_cost, f.source))
+                              _cost(graph, state, replay) - base_cost, f.source))
   return out
 
 
@@ -250,8 +256,8 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   f_jaxpr, b_jaxpr = fp["jaxpr"], bp["jaxpr"]
   evicted_list = sorted(evicted)
 
-  carries, stacked = _stacked_carries(state, evicted)
-  _, needed = _needs(_body(f), evicted_list)
+  replay = _replay(state, frozenset(evicted))
+  carries, stacked, needed = replay.carries, replay.stacked, replay.inputs
   new_carries = sorted(c for c in carries if c not in stacked)   # stacked by the new forward
   f_consts_used = sorted(k for k in needed if k < f_nc)
   f_xs_used = sorted(k for k in needed if k >= f_nc + f_ncarry)
