@@ -42,9 +42,8 @@ import numpy as np
 
 import jax_symmem as symmem
 from jax_symmem import measure
-from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
-from jax_symmem._src import tracing
+from jax_symmem._src import variants
 
 MiB = 2**20
 FENCE = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # keep jax.checkpoint (F1)
@@ -160,10 +159,7 @@ def _analysis(w: Workload):
 
 
 def _compile_round(analysis, k, dims, args):
-  env = analysis.graph.constraints.complete(dims)
-  program = tracing.specialize_program(analysis.rounds[k].program, env)
-  order = analysis.round_order(k, dims)
-  exe = jax.jit(lambda *a: tuple(interpret.run(program, a, order))).lower(
+  exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=jit_lib.CPU_COMPILER_OPTIONS)
   return exe, k
 

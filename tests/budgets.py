@@ -2,19 +2,15 @@
 
 import jax
 
-from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
-from jax_symmem._src import tracing
+from jax_symmem._src import variants
 
 
 def xla_bytes(analysis, k, dims, args) -> int:
   """XLA's footprint of round k at dims, compiled as symmem.jit compiles under a budget."""
-  env = analysis.graph.constraints.complete(dims)
-  program = tracing.specialize_program(analysis.rounds[k].program, env)
-  order = analysis.round_order(k, dims)
   options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
              else jit_lib.GPU_COMPILER_OPTIONS)
-  exe = jax.jit(lambda *a: tuple(interpret.run(program, a, order))).lower(
+  exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=options)
   ma = exe.memory_analysis()
   return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes

@@ -10,11 +10,11 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import executor
-from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import tracing
+from jax_symmem._src import variants
 from jax_symmem.examples import llama
 
 
@@ -44,10 +44,7 @@ def _args(n_layers, b, s, d=16, f=24, seed=0):
 
 
 def _run_round(analysis, k, dims, args):
-  env = analysis.graph.constraints.complete(dims)
-  program = tracing.specialize_program(analysis.rounds[k].program, env)
-  out = jax.jit(lambda *a: tuple(interpret.run(program, a, analysis.round_order(k, dims))))(
-      *jax.tree_util.tree_leaves(args))
+  out = jax.jit(variants.round_function(analysis, k, dims))(*jax.tree_util.tree_leaves(args))
   return jax.tree_util.tree_unflatten(analysis.traced.out_tree, list(out))
 
 
@@ -111,11 +108,7 @@ def test_the_last_loop_round_reaches_per_layer_checkpointing_in_xla():
   assert any(e.cost.evaluate(plain.graph.constraints.complete(dims)) == 0
              for e in _loop_evictions(plain))
   # What XLA allocates: the last round is as small as nn.remat on the scanned layer.
-  last = len(plain.rounds) - 1
-  program = tracing.specialize_program(plain.rounds[last].program,
-                                       plain.graph.constraints.complete(dims))
-  order = plain.round_order(last, dims)
-  ours = _xla_bytes(lambda *a: tuple(interpret.run(program, a, order)),
+  ours = _xla_bytes(variants.round_function(plain, len(plain.rounds) - 1, dims),
                     jax.tree_util.tree_leaves((state, tokens, mask)))
   per_layer = _xla_bytes(remat_fn, (state, tokens, mask))
   unplanned = _xla_bytes(plain_fn, (state, tokens, mask))

@@ -91,13 +91,22 @@ def footprint(executable) -> int:
           - ma.alias_size_in_bytes)
 
 
+def round_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
+  """Round k at dims as a function of the flat arguments returning the flat outputs,
+  in that round's order: what `symmem.jit` compiles (tests and benchmarks too)."""
+  env = analysis.graph.constraints.complete(dims)
+  program = tracing.specialize_program(analysis.rounds[k].program, env)
+  order = analysis.round_order(k, dims)
+  return lambda *a: tuple(interpret.run(program, a, order))
+
+
 def _runner(analysis, k, dims, env, policy: CompilePolicy, options: dict):
   """The function jax.jit compiles for round k, and its (possibly extended) options."""
+  if not policy.impose_schedule:
+    return round_function(analysis, k, dims), options
   r = analysis.rounds[k]
   program = tracing.specialize_program(r.program, env)
   order = analysis.round_order(k, dims)
-  if not policy.impose_schedule:
-    return (lambda *a: tuple(interpret.run(program, a, order))), options
   # Chain nodes whose results take >= 1 MiB through optimization barriers so XLA
   # follows our order (off by default: XLA's memory-optimized scheduler did as
   # well or better at 3 of 5 lengths in experiments/bench_fence.py).
