@@ -207,6 +207,27 @@ def peak_at(graph: ShapeGraph, env: Mapping[str, int], program: Program | None =
   return tables.peak(_check_order(program, order))
 
 
+def peak_step(graph: ShapeGraph, env: Mapping[str, int], program: Program | None = None,
+              order: Sequence[int] | None = None, donated: Iterable[int] = ()) -> tuple[int, int]:
+  """(position in the order, bytes) of the first step at the peak at concrete dims,
+  as `profile(...).peak.argmax` locates it, computed with integers."""
+  program = graph.traced.program if program is None else program
+  env = graph.constraints.complete(dict(env))
+  order = _check_order(program, order)
+  if not order:
+    return 0, _int_tables(graph, program, env, frozenset(donated)).arguments
+  steps = _int_tables(graph, program, env, frozenset(donated)).step_bytes(order)
+  k = int(np.argmax(steps)) if isinstance(steps, np.ndarray) else steps.index(max(steps))
+  return k, int(steps[k])
+
+
+def order_tables(graph: ShapeGraph, env: Mapping[str, int], program: Program | None = None,
+                 donated: Iterable[int] = ()) -> "_IntTables":
+  """The order-independent integer tables behind `peak_at` (for incremental searches)."""
+  program = graph.traced.program if program is None else program
+  return _int_tables(graph, program, graph.constraints.complete(dict(env)), frozenset(donated))
+
+
 class _IntTables:
   """Order-independent integer data of `_simulate` for one (graph, program, dims, donated).
 
@@ -250,13 +271,18 @@ class _IntTables:
 
   def peak(self, order: Sequence[int]) -> int:
     """max(arguments, live + allocated + transient at every step), as `_simulate` counts."""
-    if not self.exact:
-      arguments, raw = _simulate(self.program, order, self.donated, self.size_of, 0,
-                                 lambda node: (self.trans_of(node),))
-      return max([arguments] + [live + alloc + trans[0] for _, live, alloc, trans, _ in raw])
-    n = len(order)
-    if n == 0:
+    if not order:
       return self.arguments
+    steps = self.step_bytes(order)
+    return int(max(self.arguments, steps.max() if isinstance(steps, np.ndarray) else max(steps)))
+
+  def step_bytes(self, order: Sequence[int]) -> Sequence[int]:
+    """Live + allocated + transient bytes while each step of `order` runs."""
+    if not self.exact:
+      _, raw = _simulate(self.program, order, self.donated, self.size_of, 0,
+                         lambda node: (self.trans_of(node),))
+      return [live + alloc + trans[0] for _, live, alloc, trans, _ in raw]
+    n = len(order)
     order = np.asarray(order, np.int64)
     pos = np.empty(n, np.int64)
     pos[order] = np.arange(n)
@@ -267,7 +293,7 @@ class _IntTables:
     alloc = self.alloc[order]
     live_after = self.arguments + np.cumsum(alloc - freed - self.doa[order])
     live_before = np.concatenate([[self.arguments], live_after[:-1]])
-    return int(max(self.arguments, (live_before + alloc + self.trans[order]).max()))
+    return live_before + alloc + self.trans[order]
 
 
 _INT_TABLES: dict = {}

@@ -102,8 +102,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   order = tuple(order)
   tight = dict(shape_of_interest or graph.max_dims())
   env = graph.constraints.complete(tight)
-  prof = memory.profile(graph, program, order, donated)
-  peak_pos, peak = prof.peak.argmax(**tight)
+  peak_pos, peak = memory.peak_step(graph, env, program, order, donated)
 
   pos = {i: k for k, i in enumerate(order)}
   producer = {o: n.index for n in program.nodes for o in n.outputs}

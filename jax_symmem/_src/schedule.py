@@ -18,10 +18,13 @@ trace order, and every node runs after its operands' producers.
 
 from __future__ import annotations
 
+import bisect
 import collections
 import dataclasses
 import functools
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
@@ -153,14 +156,39 @@ def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dic
   return points
 
 
+def sink(graph: ShapeGraph, order: Sequence[int], at: Mapping[str, int],
+         program: Program | None = None, donated: Sequence[int] = ()) -> tuple[list[int], int]:
+  """`order` after the scheduler's local sink moves judged at dims `at`, and the moves made."""
+  program = graph.traced.program if program is None else program
+  return _sink(graph, _State(program, tuple(donated)), order, graph.constraints.complete(dict(at)),
+               donated)
+
+
 def _sink(graph, state: _State, order: Sequence[int], at, donated):
   """Local improvement: move each node, last first, to just before its first consumer
-  unless that raises the peak at the shape of interest (neutral moves open later gains)."""
+  unless that raises the peak at the shape of interest (neutral moves open later gains).
+
+  A move of node i from position p to just before its first consumer at q changes
+  the live-bytes profile only at positions p..q-1, so each trial move is judged
+  from that window and the maxima of the profile before and after it
+  (`_Profile`), not by simulating the whole order again.
+  """
+  tables = memory.order_tables(graph, at, state.program, donated)
+  profile = _Profile(tables, order) if tables.exact else None
   order = list(order)
   current = memory.peak_at(graph, at, state.program, order, donated)
   moves = 0
   for i in reversed(range(len(order))):
     if not state.succs[i]:
+      continue
+    if profile is not None:
+      p, q = profile.pos[i], min(profile.pos[s] for s in state.succs[i])
+      if q == p + 1:
+        continue
+      new = profile.trial(i, q)
+      if new <= current:
+        profile.accept()
+        current, moves = new, moves + 1
       continue
     rest = [j for j in order if j != i]
     first = min(rest.index(s) for s in state.succs[i])
@@ -170,7 +198,82 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
     new = memory.peak_at(graph, at, state.program, cand, donated)
     if new <= current:
       order, current, moves = cand, new, moves + 1
-  return order, moves
+  return (profile.order if profile is not None else order), moves
+
+
+class _Profile:
+  """The live-bytes profile of an order under `memory.order_tables`' integer tables,
+  updated in place when a node moves later (the window it crosses is recomputed)."""
+
+  def __init__(self, tables, order: Sequence[int]):
+    self.t = tables
+    n = len(order)
+    self.order = list(order)
+    self.pos = [0] * n
+    for k, i in enumerate(self.order):
+      self.pos[i] = k
+    self.reads: list[list[int]] = [[] for _ in range(n)]      # node -> buffers it reads
+    self.readers: list[list[int]] = [[] for _ in tables.buf_size]
+    for i, b in zip(tables.use_node.tolist(), tables.use_buf.tolist()):
+      self.reads[i].append(b)
+      self.readers[b].append(i)
+    self.size = tables.buf_size.tolist()
+    self.last = [max(r, key=self.pos.__getitem__) for r in self.readers]
+    self.freed = np.zeros(n, np.int64)                        # node -> bytes freed there
+    for b, i in enumerate(self.last):
+      self.freed[i] += self.size[b]
+    self._rebuild(0, n)
+
+  def _window(self, seq, freed, live):
+    """(live before each node, step value of each node) for `seq` run from `live`."""
+    alloc = self.t.alloc[seq]
+    net = alloc - freed - self.t.doa[seq]
+    before = live + np.concatenate(([0], np.cumsum(net[:-1])))
+    return before, before + alloc + self.t.trans[seq]
+
+  def _rebuild(self, lo: int, hi: int):
+    if lo == 0 and hi == len(self.order):
+      seq = np.asarray(self.order, np.int64)
+      self.before, self.step = self._window(seq, self.freed[seq], self.t.arguments)
+    else:
+      seq = np.asarray(self.order[lo:hi], np.int64)
+      self.before[lo:hi], self.step[lo:hi] = self._window(seq, self.freed[seq], self.before[lo])
+    self.prefix_max = np.maximum.accumulate(self.step)
+    self.suffix_max = np.maximum.accumulate(self.step[::-1])[::-1]
+
+  def trial(self, i: int, q: int) -> int:
+    """The peak if node i moved to just before position q (its first consumer)."""
+    p = self.pos[i]
+    # Buffers i reads whose last read falls before q are now last read by i.
+    handed = [b for b in self.reads[i] if self.pos[self.last[b]] < q and self.last[b] != i]
+    seq = np.asarray(self.order[p + 1:q] + [i], np.int64)
+    freed = self.freed[seq]
+    for b in handed:
+      freed[self.pos[self.last[b]] - p - 1] -= self.size[b]
+      freed[-1] += self.size[b]
+    _, step = self._window(seq, freed, self.before[p])
+    peak = max(self.t.arguments, int(step.max()))
+    if p > 0:
+      peak = max(peak, int(self.prefix_max[p - 1]))
+    if q < len(self.order):
+      peak = max(peak, int(self.suffix_max[q]))
+    self._pending = (i, p, q, handed)
+    return peak
+
+  def accept(self):
+    """Applies the last trial move."""
+    i, p, q, handed = self._pending
+    for b in handed:
+      self.freed[self.last[b]] -= self.size[b]
+      self.freed[i] += self.size[b]
+      self.last[b] = i
+    del self.order[p]
+    self.order.insert(q - 1, i)
+    for k in range(p, q):
+      self.pos[self.order[k]] = k
+    self._rebuild(p, q)
+
+
 @dataclasses.dataclass(frozen=True)
 class _State:
   """Buffers, uses and pinned buffers of a program (aliases share a buffer)."""
@@ -181,12 +284,36 @@ class _State:
   def buffer(self) -> dict[int, int]:
     return memory.buffers(self.program)
 
+  @functools.cached_property
+  def operands(self) -> list[collections.Counter]:
+    """node -> Counter of the buffers it reads (a buffer read twice counts twice)."""
+    return [collections.Counter(self.buffer[x] for x in n.inputs if not isinstance(x, Const))
+            for n in self.program.nodes]
+
   def operand_buffers(self, i: int) -> collections.Counter:
-    return collections.Counter(self.buffer[x] for x in self.program.nodes[i].inputs
-                               if not isinstance(x, Const))
+    return self.operands[i]
+
+  @functools.cached_property
+  def own(self) -> list[list[int]]:
+    """node -> the outputs that own a buffer (not aliases of an operand)."""
+    return [[o for o in n.outputs if self.buffer[o] == o] for n in self.program.nodes]
 
   def own_outputs(self, i: int) -> list[int]:
-    return [o for o in self.program.nodes[i].outputs if self.buffer[o] == o]
+    return self.own[i]
+
+  @functools.cached_property
+  def readers(self) -> dict[int, list[int]]:
+    """buffer -> the nodes that read it."""
+    readers = collections.defaultdict(list)
+    for i, ops in enumerate(self.operands):
+      for b in ops:
+        readers[b].append(i)
+    return readers
+
+  @functools.cached_property
+  def producer(self) -> dict[int, int]:
+    """buffer -> the node whose own output it is."""
+    return {o: i for i, outs in enumerate(self.own) for o in outs}
 
   @functools.cached_property
   def held(self) -> set[int]:
@@ -212,14 +339,42 @@ class _State:
 
 
 class _Chooser:
-  """Picks the smallest impact among ready nodes and counts how each comparison was decided."""
+  """Picks the smallest impact among ready nodes and counts how each comparison was decided.
+
+  Impacts are interned: each distinct polynomial gets a small id, its value at the
+  deciding point is computed once, and the ordering of each pair of ids once
+  (a list pass meets the same few hundred impacts millions of times).
+  """
 
   def __init__(self, graph, symbolic, exact_env, tight):
     self.graph, self.symbolic, self.exact_env, self.tight = graph, symbolic, exact_env, tight
     self.stats = collections.Counter(choices=0, comparisons=0, decided=0, depends=0, fallback=0)
+    self._ids: dict[Poly, int] = {}
+    self._polys: list[Poly] = []
+    self._values: list[int] = []       # at exact_env (static mode) or at tight
+    self._kinds: dict[tuple[int, int], str | None] = {}
+    self._bytes: dict[int, Poly] = {}
+
+  def buffer_bytes(self, buffers) -> Poly:
+    total = ZERO
+    for b in buffers:
+      size = self._bytes.get(b)
+      if size is None:
+        size = self._bytes[b] = self.graph.bytes(b)
+      total = total + size
+    return total
+
+  def intern(self, poly: Poly) -> int:
+    k = self._ids.get(poly)
+    if k is None:
+      k = self._ids[poly] = len(self._polys)
+      self._polys.append(poly)
+      env = self.exact_env if self.exact_env is not None else self.tight
+      self._values.append(poly.evaluate(env))
+    return k
 
   def pick(self, ready: Sequence[int], impact) -> int:
-    """ready is in preference order for ties; impact(i) -> (bytes Poly, buffer count)."""
+    """ready is in preference order for ties; impact(i) -> (interned bytes, buffer count)."""
     self.stats["choices"] += 1
     best = ready[0]
     if len(ready) > 1:
@@ -230,40 +385,47 @@ class _Chooser:
           best, best_impact = i, cand
     return best
 
-  def _better(self, candidate: tuple[Poly, int], best: tuple[Poly, int]) -> bool:
+  def _kind(self, a: int, b: int) -> str | None:
+    try:
+      return self._kinds[a, b]
+    except KeyError:
+      kind = compare_lib.compare_polys(self._polys[a], self._polys[b], self.graph.constraints).kind
+      self._kinds[a, b] = kind
+      return kind
+
+  def _better(self, candidate: tuple[int, int], best: tuple[int, int]) -> bool:
     (size, count), (best_size, best_count) = candidate, best
     if self.exact_env is not None:
-      env = self.exact_env
-      return (size.evaluate(env), count) < (best_size.evaluate(env), best_count)
+      return (self._values[size], count) < (self._values[best_size], best_count)
     self.stats["comparisons"] += 1
-    kind = (compare_lib.compare_polys(size, best_size, self.graph.constraints).kind
-            if self.symbolic else None)
+    kind = self._kind(size, best_size) if self.symbolic else None
     if kind in ("GE", "LE", "EQ"):
       self.stats["decided"] += 1
       return kind == "LE" or (kind == "EQ" and count < best_count)
     if kind == "DEPENDS":
       self.stats["depends"] += 1
-      return size.evaluate(self.tight) < best_size.evaluate(self.tight)
+      return self._values[size] < self._values[best_size]
     self.stats["fallback"] += 1
     return count < best_count
 
 
-def _bytes(graph_bytes, buffers) -> Poly:
-  return sum((graph_bytes(b) for b in buffers), ZERO)
-
-
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
-  program, buffer, graph = state.program, state.buffer, chooser.graph
+  program = state.program
   remaining = collections.Counter()
-  for i in range(len(program.nodes)):
-    remaining.update(state.operand_buffers(i))
+  for ops in state.operands:
+    remaining.update(ops)
   keep = state.held | state.outputs
+  cache: dict[int, tuple[int, int]] = {}   # a node's impact until a buffer it reads is read
 
   def impact(i):
-    new = state.own_outputs(i)
-    ending = [b for b, k in state.operand_buffers(i).items() if remaining[b] == k and b not in keep]
-    return _bytes(graph.bytes, new) - _bytes(graph.bytes, ending), len(new) - len(ending)
+    hit = cache.get(i)
+    if hit is None:
+      new = state.own[i]
+      ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
+      size = chooser.buffer_bytes(new) - chooser.buffer_bytes(ending)
+      hit = cache[i] = (chooser.intern(size), len(new) - len(ending))
+    return hit
 
   waiting = [len(ps) for ps in state.preds]
   ready = [i for i, w in enumerate(waiting) if w == 0]
@@ -272,12 +434,14 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     best = chooser.pick(ready, impact)
     order.append(best)
     ready.remove(best)
-    remaining.subtract(state.operand_buffers(best))
+    remaining.subtract(state.operands[best])
+    for b in state.operands[best]:
+      for r in state.readers[b]:
+        cache.pop(r, None)
     for s in state.succs[best]:
       waiting[s] -= 1
       if waiting[s] == 0:
-        ready.append(s)
-    ready.sort()
+        bisect.insort(ready, s)
   if len(order) != len(program.nodes):
     raise ValueError("the program's dependencies have a cycle")
   return tuple(order)
@@ -285,13 +449,18 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
 
 def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, last to first, the node whose operands add least net of the outputs it retires."""
-  program, graph = state.program, chooser.graph
+  program = state.program
   live = set(state.outputs)
+  cache: dict[int, tuple[int, int]] = {}   # a node's impact until a buffer it touches changes
 
   def impact(i):
-    added = [b for b in state.operand_buffers(i) if b not in live and b not in state.held]
-    retired = [o for o in state.own_outputs(i) if o in live and o not in state.outputs]
-    return _bytes(graph.bytes, added) - _bytes(graph.bytes, retired), len(added) - len(retired)
+    hit = cache.get(i)
+    if hit is None:
+      added = [b for b in state.operands[i] if b not in live and b not in state.held]
+      retired = [o for o in state.own[i] if o in live and o not in state.outputs]
+      size = chooser.buffer_bytes(added) - chooser.buffer_bytes(retired)
+      hit = cache[i] = (chooser.intern(size), len(added) - len(retired))
+    return hit
 
   waiting = [len(s) for s in state.succs]
   ready = sorted((i for i, w in enumerate(waiting) if w == 0), reverse=True)
@@ -300,13 +469,18 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     best = chooser.pick(ready, impact)
     placed.append(best)
     ready.remove(best)
-    live -= set(state.own_outputs(best)) - state.outputs
-    live |= set(state.operand_buffers(best))
+    changed = (set(state.own[best]) - state.outputs) | (set(state.operands[best]) - live)
+    live -= set(state.own[best]) - state.outputs
+    live |= set(state.operands[best])
+    for b in changed:
+      for r in state.readers.get(b, ()):
+        cache.pop(r, None)
+      if b in state.producer:
+        cache.pop(state.producer[b], None)
     for p in state.preds[best]:
       waiting[p] -= 1
       if waiting[p] == 0:
-        ready.append(p)
-    ready.sort(reverse=True)
+        bisect.insort(ready, p, key=lambda x: -x)
   if len(placed) != len(program.nodes):
     raise ValueError("the program's dependencies have a cycle")
   return tuple(reversed(placed))
