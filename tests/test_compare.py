@@ -21,6 +21,7 @@ from jax import export
 
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import compare_solver
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.jax_dims import InconclusiveDimensionOperation, parse
 from jax_symmem._src.poly import Poly
@@ -237,8 +238,8 @@ def test_reduced_difference_matches_constraints_reduce():
   for _ in range(100):
     atoms = rng.sample(_atom_pool(), 2)
     lhs, rhs = _random_poly(rng, [b, s, h, k], 3, atoms), _random_poly(rng, [b, s, h, k], 3, atoms)
-    solver = compare_lib._Solver(lhs, rhs, cons)
-    assert Poly.from_dict(solver._reduced_difference()) == cons.reduce(lhs) - cons.reduce(rhs)
+    solver = compare_solver.Solver(lhs, rhs, cons)
+    assert Poly.from_dict(solver.reduced_difference()) == cons.reduce(lhs) - cons.reduce(rhs)
 
 
 def test_input_kinds():
@@ -301,13 +302,9 @@ def test_operation_atoms_and_regions(lhs, rhs, constraints, kind):
   assert o.kind == kind, o
 
 
-def test_unknown_is_never_a_claim(monkeypatch):
-  monkeypatch.setattr(compare_lib, "_BOX_BUDGET", 1)
-  compare_lib.compare_polys.cache_clear()
-  try:
-    o = compare("s^2 - 100*s + 2500 + b", "1", constraints=["s <= 4096", "b <= 64"])
-  finally:
-    compare_lib.compare_polys.cache_clear()
+def test_unknown_is_never_a_claim():
+  cons = symbolic.parse_constraints(["s <= 4096", "b <= 64"], variables="bs")
+  o = compare_solver.Solver(parse("s^2 - 100*s + 2500 + b"), Poly.const(1), cons, budget=1).run()
   assert o.kind == "UNKNOWN" and not o.decided and o.method == "budget"
   assert o.pieces == () and o.breakpoints == () and "UNKNOWN" in str(o)
 
