@@ -319,6 +319,15 @@ def test_ordering_is_read_only_and_cached():
   assert json.loads(json.dumps(o1.witness_lt)) == dict(o1.witness_lt)
 
 
+def test_kind_is_an_enum_that_reads_as_its_string():
+  o = compare("b*s", "s")
+  assert o.kind is symbolic.Kind.GE and o.kind == "GE" and o.kind.proven
+  assert (str(o.kind), f"{o.kind:>3}", repr(o.kind)) == ("GE", " GE", "'GE'")
+  assert json.dumps({o.kind: [o.kind]}) == '{"GE": ["GE"]}' and {"GE": 1}[o.kind] == 1
+  assert not symbolic.Kind.DEPENDS.proven and not symbolic.Kind.UNKNOWN.proven
+  assert Ordering("LE", o.lhs, o.rhs).kind is symbolic.Kind.LE
+
+
 def test_decided_share_on_realistic_pairs():
   rng = random.Random(1)
   byte_sizes = [1, 2, 4, 8, 32, 128, 4096, 11008, 8192, 44032]

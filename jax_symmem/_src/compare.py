@@ -26,7 +26,7 @@ proofs hold on a superset, witnesses are checked on the original expressions.
 This module is the public entry point and input normalization; the procedure
 lives in one-way layers below it:
 
-  compare_ordering     Ordering, its kinds, Piece (what an answer is)
+  compare_ordering     Ordering, its Kind, Piece (what an answer is)
   compare_kernel       integer polynomials as {exponents: coeff}: shifts, Bernstein
   compare_univariate   exact integer sign pieces in one variable
   compare_interval     interval arithmetic over operation atoms
@@ -43,15 +43,15 @@ from typing import Iterable
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
 from jax_symmem._src.compare_feasibility import feasibility
-from jax_symmem._src.compare_ordering import DEPENDS, EQ, GE, LE, UNKNOWN, Ordering, Piece
+from jax_symmem._src.compare_ordering import DEPENDS, EQ, GE, LE, UNKNOWN, Kind, Ordering, Piece
 from jax_symmem._src.compare_solver import compare_polys
 from jax_symmem._src.constraints import Constraints
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.poly import Poly
 
 __all__ = [
-    "DEPENDS", "EQ", "GE", "LE", "UNKNOWN", "Ordering", "Piece", "check_feasible", "clear_caches",
-    "compare", "compare_polys", "is_feasible",
+    "DEPENDS", "EQ", "GE", "LE", "UNKNOWN", "Kind", "Ordering", "Piece", "check_feasible",
+    "clear_caches", "compare", "compare_polys", "is_feasible",
 ]
 
 

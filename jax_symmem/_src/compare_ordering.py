@@ -1,4 +1,4 @@
-"""What a comparison answers: `Ordering`, its kinds, and the exact sign `Piece`s.
+"""What a comparison answers: an `Ordering` of a `Kind`, with exact sign `Piece`s.
 
 The leaf of the comparison modules (`compare.py` is the public entry point):
 everything else there builds these values, nothing here computes them.
@@ -7,15 +7,42 @@ everything else there builds these values, nothing here computes them.
 from __future__ import annotations
 
 import dataclasses
+import enum
 from typing import Mapping
 
 from jax_symmem._src.poly import Poly
 
-GE = "GE"
-LE = "LE"
-EQ = "EQ"
-DEPENDS = "DEPENDS"
-UNKNOWN = "UNKNOWN"
+
+class Kind(str, enum.Enum):
+  """How `lhs` compares to `rhs` over every allowed point.
+
+  A `str` that prints, formats, hashes and compares as its name, so
+  `ordering.kind == "LE"`, `{"LE": ...}[ordering.kind]`, f-strings, JSON and
+  `repr` see the same plain strings as before the enum (on every Python).
+  """
+  GE = "GE"            # proof: lhs >= rhs everywhere
+  LE = "LE"            # proof: lhs <= rhs everywhere
+  EQ = "EQ"            # proof: lhs == rhs everywhere
+  DEPENDS = "DEPENDS"  # two verified witnesses: lhs > rhs at one, lhs < rhs at the other
+  UNKNOWN = "UNKNOWN"  # out of budget or of methods; never a claim
+
+  def __str__(self) -> str:
+    return self.value
+
+  def __format__(self, spec: str) -> str:
+    return format(self.value, spec)
+
+  def __repr__(self) -> str:
+    return repr(self.value)
+
+  @property
+  def proven(self) -> bool:
+    """GE, LE or EQ: a claim about every allowed point."""
+    return self in _PROVEN
+
+
+GE, LE, EQ, DEPENDS, UNKNOWN = Kind.GE, Kind.LE, Kind.EQ, Kind.DEPENDS, Kind.UNKNOWN
+_PROVEN = frozenset({GE, LE, EQ})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +74,7 @@ class Ordering:
   the way. When one dimension alone decides the sign (the others divide out),
   `dim` names it and `pieces` gives the exact sign on every integer of its range.
   """
-  kind: str
+  kind: Kind
   lhs: Poly
   rhs: Poly
   witness_gt: Mapping[str, int] | None = None
@@ -55,6 +82,10 @@ class Ordering:
   dim: str | None = None
   pieces: tuple[Piece, ...] = ()
   method: str = ""
+
+  def __post_init__(self):
+    if not isinstance(self.kind, Kind):   # Ordering("LE", ...) by hand: the same Kind
+      object.__setattr__(self, "kind", Kind(self.kind))
 
   @property
   def decided(self) -> bool:

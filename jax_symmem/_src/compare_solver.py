@@ -22,7 +22,8 @@ from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.compare_box import BoxProblem, Result, Search
 from jax_symmem._src.compare_interval import INF, atom_interval, poly_interval
 from jax_symmem._src.compare_kernel import sign_of, to_dict
-from jax_symmem._src.compare_ordering import DEPENDS, EQ, GE, LE, UNKNOWN, FrozenEnv, Ordering
+from jax_symmem._src.compare_ordering import (DEPENDS, EQ, GE, LE, UNKNOWN, FrozenEnv, Kind,
+                                               Ordering)
 from jax_symmem._src.constraints import Constraints
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
@@ -249,7 +250,7 @@ class Solver:
       return self._ordering(UNKNOWN, "inconsistent")
     return self._ordering(kind, res.method, res)
 
-  def _ordering(self, kind: str, method: str, res: Result | None = None) -> Ordering:
+  def _ordering(self, kind: Kind, method: str, res: Result | None = None) -> Ordering:
     gt, lt = self.witness[1], self.witness[-1]
     if kind == EQ:
       gt = lt = None
