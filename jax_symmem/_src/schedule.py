@@ -11,6 +11,9 @@ dims and are compared exactly:
   ends more buffer lifetimes than it starts goes first, then trace order
   ("fallback").
 
+That policy and its counts are `decider.Decider`'s (shared with the remat
+ranking); `Schedule.passes` has the counts of every list pass.
+
 `symbolic=False` is the ablation: every choice by the fallback. `dims=` runs the
 same scheduler on exact shapes (integers), the static anchor. Effects keep their
 trace order, and every node runs after its operands' producers.
@@ -23,9 +26,9 @@ import dataclasses
 import functools
 from typing import Mapping, Sequence
 
-from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
 from jax_symmem._src import progress
+from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Program
@@ -39,6 +42,10 @@ class Schedule:
   stats: Mapping[str, int]        # choices, comparisons, decided, depends, fallback, peaks
   source: str = "trace"           # which candidate is the main order
   candidates: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+  # How each list pass decided its comparisons ("forward", "backward", then the same
+  # "@dims" at the other shapes of interest); their sum is the counts in `stats`.
+  # Empty for a schedule read back from the plan cache, which ran no pass.
+  passes: Mapping[str, DecisionCounts] = dataclasses.field(default_factory=dict, compare=False)
 
   def order_for(self, graph: ShapeGraph, dims: Mapping[str, int],
                 program: Program | None = None) -> tuple[int, ...]:
@@ -107,16 +114,22 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # and the run time picks the candidate with the lowest peak at its exact dims
   # (`order_for`). The ablation never reads a shape, so one point serves it.
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
-  candidates, moves, counts = {}, {}, collections.Counter()
+  candidates, moves, passes, choices = {}, {}, {}, 0
   for k, point in enumerate(points):
     progress.update("schedule candidates at shape of interest", k + 1, len(points))
-    chooser = _Chooser(graph, symbolic, exact_env, point)
-    listed = {"forward": _forward(state, chooser), "backward": _backward(state, chooser)}
-    counts.update(chooser.stats)   # decision counts: every pass at every point
-    if k == 0:
-      listed["trace"] = tuple(range(len(program.nodes)))
     suffix = "" if k == 0 else "@" + ",".join(f"{v}={point[v]}" for v in sorted(graph.dims)
                                                 if v in point)
+    listed = {}
+    for name, list_pass in (("forward", _forward), ("backward", _backward)):
+      chooser = _Chooser(graph, Decider(graph.constraints, point, mode))
+      listed[name] = list_pass(state, chooser)
+      key = name + suffix
+      if key in passes:   # shapes of interest that differ only in a var no argument's shape has
+        key += f"#{k}"
+      passes[key] = chooser.decider.counts
+      choices += chooser.choices
+    if k == 0:
+      listed["trace"] = tuple(range(len(program.nodes)))
     # Each list schedule, then the same after local sink moves judged at that point.
     for name, order in listed.items():
       sunk, moves[f"{name}+sink{suffix}"] = _sink(graph, state, order, point, donated)
@@ -133,9 +146,10 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   best = min((name for name in candidates
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
-  stats = dict(counts, sink_moves=moves.get(best, 0),
+  counts = sum(passes.values(), DecisionCounts())
+  stats = dict(choices=choices, **counts.as_dict(), sink_moves=moves.get(best, 0),
                **{f"peak_{k}": v[0] for k, v in scored.items() if "@" not in k})
-  return Schedule(candidates[best], mode, stats, best, candidates)
+  return Schedule(candidates[best], mode, stats, best, candidates, passes)
 
 
 def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
@@ -212,15 +226,15 @@ class _State:
 
 
 class _Chooser:
-  """Picks the smallest impact among ready nodes and counts how each comparison was decided."""
+  """Picks the smallest impact among ready nodes (`decider` counts how each comparison went)."""
 
-  def __init__(self, graph, symbolic, exact_env, tight):
-    self.graph, self.symbolic, self.exact_env, self.tight = graph, symbolic, exact_env, tight
-    self.stats = collections.Counter(choices=0, comparisons=0, decided=0, depends=0, fallback=0)
+  def __init__(self, graph: ShapeGraph, decider: Decider):
+    self.graph, self.decider = graph, decider
+    self.choices = 0
 
   def pick(self, ready: Sequence[int], impact) -> int:
     """ready is in preference order for ties; impact(i) -> (bytes Poly, buffer count)."""
-    self.stats["choices"] += 1
+    self.choices += 1
     best = ready[0]
     if len(ready) > 1:
       best_impact = impact(best)
@@ -232,20 +246,12 @@ class _Chooser:
 
   def _better(self, candidate: tuple[Poly, int], best: tuple[Poly, int]) -> bool:
     (size, count), (best_size, best_count) = candidate, best
-    if self.exact_env is not None:
-      env = self.exact_env
-      return (size.evaluate(env), count) < (best_size.evaluate(env), best_count)
-    self.stats["comparisons"] += 1
-    kind = (compare_lib.compare_polys(size, best_size, self.graph.constraints).kind
-            if self.symbolic else None)
-    if kind in ("GE", "LE", "EQ"):
-      self.stats["decided"] += 1
-      return kind == "LE" or (kind == "EQ" and count < best_count)
-    if kind == "DEPENDS":
-      self.stats["depends"] += 1
-      return size.evaluate(self.tight) < best_size.evaluate(self.tight)
-    self.stats["fallback"] += 1
-    return count < best_count
+    d = self.decider.decide(size, best_size)
+    if d.sign is None:   # undecidable: fewer buffers live first (ties keep trace order)
+      return count < best_count
+    # Sizes equal at every shape (or at exact dims): fewer buffers; equal only at
+    # the shape of interest (DEPENDS): keep the earlier node.
+    return d.sign < 0 or (d.sign == 0 and d.proven and count < best_count)
 
 
 def _bytes(graph_bytes, buffers) -> Poly:
