@@ -247,10 +247,10 @@ class _Chooser:
   def _better(self, candidate: tuple[Poly, int], best: tuple[Poly, int]) -> bool:
     (size, count), (best_size, best_count) = candidate, best
     d = self.decider.decide(size, best_size)
-    if d.sign is None:   # undecidable: fewer buffers live first (ties keep trace order)
+    if d.sign is None:   # undecidable: the size-blind rule, fewer net buffers started
       return count < best_count
-    # Sizes equal at every shape (or at exact dims): fewer buffers; equal only at
-    # the shape of interest (DEPENDS): keep the earlier node.
+    # Equal at every shape (or at the exact dims): fewer buffers wins; equal only at
+    # the shape of interest (DEPENDS): the current best stays (`ready`'s preference).
     return d.sign < 0 or (d.sign == 0 and d.proven and count < best_count)
 
 
