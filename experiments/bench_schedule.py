@@ -68,23 +68,11 @@ def _within(real: int, model: int) -> bool:
   return abs(real - model) <= REL_TOL * model + ABS_TOL
 
 
-def _candidates(graph, tight):
-  """Forward/backward list-scheduler orders before the sink pass, symbolic and fallback.
-
-  Uses the scheduler's private helpers (a diagnostic only); None if they changed.
-  """
-  try:
-    program = graph.traced.program
-    out = {}
-    for label, symbolic in (("sym", True), ("abl", False)):
-      state = schedule_lib._State(program, ())
-      chooser = schedule_lib._Chooser(graph, symbolic, None, tight)
-      out[f"{label}_forward"] = schedule_lib._forward(state, chooser)
-      out[f"{label}_backward"] = schedule_lib._backward(state, chooser)
-    return out
-  except Exception as e:  # noqa: BLE001 - diagnostic only
-    print(f"(candidate diagnostic skipped: {type(e).__name__}: {e})")
-    return None
+def _candidates(sym, abl):
+  """Forward/backward list-scheduler orders before the sink pass, symbolic and fallback:
+  each schedule's "forward" / "backward" candidates (at the main shape of interest)."""
+  return {f"{label}_{name}": s.candidates[name]
+          for label, s in (("sym", sym), ("abl", abl)) for name in ("forward", "backward")}
 
 
 def _measure(workload: str, batch: int, seq: int, order: str, repeats: int):
@@ -136,7 +124,7 @@ def main(argv=None) -> int:
   for s in (sym, abl):
     assert schedule_lib.is_valid_order(program, s.order), s.mode
   trace_order = tuple(range(len(program.nodes)))
-  cands = _candidates(graph, tight)
+  cands = _candidates(sym, abl)
 
   # --- modeled peaks per length ------------------------------------------------------
   rows = []

@@ -168,26 +168,6 @@ def _counts(stats) -> dict:
 
 
 @contextlib.contextmanager
-def _all_choosers():
-  """Collects every `schedule._Chooser` made in the block (one per shape of interest).
-
-  Private instrumentation for the report only: the chooser is wrapped, not changed.
-  """
-  from jax_symmem._src import schedule as schedule_lib
-  made, original = [], schedule_lib._Chooser
-
-  class Counting(original):
-    def __init__(self, *a, **k):
-      super().__init__(*a, **k)
-      made.append(self)
-  schedule_lib._Chooser = Counting
-  try:
-    yield made
-  finally:
-    schedule_lib._Chooser = original
-
-
-@contextlib.contextmanager
 def _timed(out: dict, key: str):
   """Records the block's wall and CPU (this process, all threads) seconds under `key`."""
   t, c = time.perf_counter(), time.process_time()
@@ -211,6 +191,7 @@ def run_workload(name: str, args, progress: str) -> dict:
   from jax_symmem._src import memory
   from jax_symmem._src import remat
   from jax_symmem._src import schedule as schedule_lib
+  from jax_symmem._src.decider import DecisionCounts
   from jax_symmem._src.errors import BudgetError
 
   out = {"workload": name, "status": "started", "seconds": {}, "cpu_seconds": {}}
@@ -248,16 +229,15 @@ def run_workload(name: str, args, progress: str) -> dict:
 
   # The pipeline of analysis.analyze_traced (no sharding), one stage at a time.
   compare_lib.compare_polys.cache_clear()   # cold: every comparison decided from scratch
-  with _timed(out, "schedule"), _all_choosers() as choosers:
+  with _timed(out, "schedule"):
     sym = schedule_lib.schedule(graph)
   out["schedule"] = dict(_counts(sym.stats), choices=int(sym.stats["choices"]),
                          winner=sym.source, sink_moves=int(sym.stats.get("sink_moves", 0)),
                          candidates=len(sym.candidates))
-  # Schedule.stats counts the list passes at the main shape of interest only; the
-  # passes at the other shapes of interest compare the same way (only DEPENDS is
-  # resolved elsewhere), and these are all the comparisons the schedule made.
+  # Every list pass (forward and backward at each shape of interest) with its own
+  # counts; Schedule.stats holds their sum, so these equal out["schedule"]'s.
   out["schedule_all_points"] = dict(
-      _counts(sum((c.stats for c in choosers), collections.Counter())), passes=2 * len(choosers))
+      _counts(sum(sym.passes.values(), DecisionCounts()).as_dict()), passes=len(sym.passes))
   out["status"] = "remat"
   save()
   with _timed(out, "remat"):

@@ -17,12 +17,13 @@ is >= 1, within the declared constraints):
     >>> symbolic.compare("floordiv(s, 128)", "k", constraints=("s == 128*k",)).kind
     'EQ'
 
-`Ordering.kind` is GE / LE / EQ (proofs, never wrong), DEPENDS (with two
-witness assignments verified by exact evaluation) or UNKNOWN (out of budget;
-never a claim). `is_feasible` / `check_feasible` tell whether general
-inequality constraints can hold at all.
+`Ordering.kind` is a `Kind` (a `str` enum: `o.kind == "GE"` holds): GE / LE / EQ
+(proofs, never wrong), DEPENDS (with two witness assignments verified by exact
+evaluation) or UNKNOWN (out of budget; never a claim). `is_feasible` /
+`check_feasible` tell whether general inequality constraints can hold at all.
 """
 
+from jax_symmem._src.compare import Kind
 from jax_symmem._src.compare import Ordering
 from jax_symmem._src.compare import Piece
 from jax_symmem._src.compare import check_feasible
@@ -35,6 +36,6 @@ from jax_symmem._src.jax_dims import parse
 from jax_symmem._src.poly import Poly
 
 __all__ = [
-    "Constraints", "Ordering", "Piece", "Poly", "check_feasible", "compare",
+    "Constraints", "Kind", "Ordering", "Piece", "Poly", "check_feasible", "compare",
     "compare_polys", "is_feasible", "parse", "parse_constraints",
 ]

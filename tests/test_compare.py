@@ -21,6 +21,7 @@ from jax import export
 
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import compare_solver
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.jax_dims import InconclusiveDimensionOperation, parse
 from jax_symmem._src.poly import Poly
@@ -237,8 +238,8 @@ def test_reduced_difference_matches_constraints_reduce():
   for _ in range(100):
     atoms = rng.sample(_atom_pool(), 2)
     lhs, rhs = _random_poly(rng, [b, s, h, k], 3, atoms), _random_poly(rng, [b, s, h, k], 3, atoms)
-    solver = compare_lib._Solver(lhs, rhs, cons)
-    assert Poly.from_dict(solver._reduced_difference()) == cons.reduce(lhs) - cons.reduce(rhs)
+    solver = compare_solver.Solver(lhs, rhs, cons)
+    assert Poly.from_dict(solver.reduced_difference()) == cons.reduce(lhs) - cons.reduce(rhs)
 
 
 def test_input_kinds():
@@ -301,13 +302,9 @@ def test_operation_atoms_and_regions(lhs, rhs, constraints, kind):
   assert o.kind == kind, o
 
 
-def test_unknown_is_never_a_claim(monkeypatch):
-  monkeypatch.setattr(compare_lib, "_BOX_BUDGET", 1)
-  compare_lib.compare_polys.cache_clear()
-  try:
-    o = compare("s^2 - 100*s + 2500 + b", "1", constraints=["s <= 4096", "b <= 64"])
-  finally:
-    compare_lib.compare_polys.cache_clear()
+def test_unknown_is_never_a_claim():
+  cons = symbolic.parse_constraints(["s <= 4096", "b <= 64"], variables="bs")
+  o = compare_solver.Solver(parse("s^2 - 100*s + 2500 + b"), Poly.const(1), cons, budget=1).run()
   assert o.kind == "UNKNOWN" and not o.decided and o.method == "budget"
   assert o.pieces == () and o.breakpoints == () and "UNKNOWN" in str(o)
 
@@ -320,6 +317,15 @@ def test_ordering_is_read_only_and_cached():
     o1.witness_gt["s"] = 1
   assert pickle.loads(pickle.dumps(o1)) == o1
   assert json.loads(json.dumps(o1.witness_lt)) == dict(o1.witness_lt)
+
+
+def test_kind_is_an_enum_that_reads_as_its_string():
+  o = compare("b*s", "s")
+  assert o.kind is symbolic.Kind.GE and o.kind == "GE" and o.kind.proven
+  assert (str(o.kind), f"{o.kind:>3}", repr(o.kind)) == ("GE", " GE", "'GE'")
+  assert json.dumps({o.kind: [o.kind]}) == '{"GE": ["GE"]}' and {"GE": 1}[o.kind] == 1
+  assert not symbolic.Kind.DEPENDS.proven and not symbolic.Kind.UNKNOWN.proven
+  assert Ordering("LE", o.lhs, o.rhs).kind is symbolic.Kind.LE
 
 
 def test_decided_share_on_realistic_pairs():

@@ -13,6 +13,7 @@ import jax_symmem as symmem
 from jax_symmem._src import executor
 from jax_symmem._src import memory
 from jax_symmem._src import schedule
+from jax_symmem._src.decider import DecisionCounts
 from tests.programs import CASES
 
 
@@ -105,11 +106,16 @@ def test_schedule_never_raises_the_peak_and_counts_decisions(case):
   assert all(schedule.is_valid_order(traced.program, o) for o in sched.candidates.values())
   s = sched.stats
   assert s["comparisons"] == s["decided"] + s["depends"] + s["fallback"]
-  ablation = schedule.schedule(graph, symbolic=False).stats
-  assert ablation["decided"] == ablation["depends"] == 0
-  assert ablation["fallback"] == ablation["comparisons"]
+  # Every list pass at every shape of interest is counted, and only those.
+  assert {"forward", "backward"} <= set(sched.passes) and len(sched.passes) % 2 == 0
+  assert sum(sched.passes.values(), DecisionCounts()) == DecisionCounts.from_stats(s)
+  ablation = schedule.schedule(graph, symbolic=False)
+  assert set(ablation.passes) == {"forward", "backward"}
+  assert ablation.stats["decided"] == ablation.stats["depends"] == 0
+  assert ablation.stats["fallback"] == ablation.stats["comparisons"]
   static = schedule.schedule(graph, dims=case.shapes[-1])
   assert static.mode == "static" and schedule.is_valid_order(traced.program, static.order)
+  assert sum(static.passes.values(), DecisionCounts()) == DecisionCounts()
 
 
 def test_effects_keep_their_order():

@@ -18,6 +18,7 @@ from absl import logging
 from jax_symmem._src import memory
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
+from jax_symmem._src.decider import DecisionCounts
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
@@ -186,11 +187,9 @@ class Analysis:
   def stats(self) -> dict[str, int]:
     s = self.schedule.stats
     r = self.remat_stats
+    both = DecisionCounts.from_stats(s) + DecisionCounts.from_stats(r)
     return {
-        "comparisons": s["comparisons"] + r["comparisons"],
-        "decided": s["decided"] + r["decided"],
-        "depends": s["depends"] + r["depends"],
-        "fallback": s["fallback"] + r["fallback"],
+        **both.as_dict(),
         "schedule_comparisons": s["comparisons"],
         "remat_comparisons": r["comparisons"],
         "remat_rounds": r["rounds"],

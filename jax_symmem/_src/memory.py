@@ -415,8 +415,8 @@ def _prune(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> list[tuple[
   for pos, p in cands:
     if p in leaders:
       continue
-    dominated = any(may_dominate(q, p) and
-                    compare_lib.compare_polys(q, p, graph.constraints).kind in ("GE", "EQ")
+    dominated = any(may_dominate(q, p) and compare_lib.compare_polys(q, p, graph.constraints).kind
+                    in (compare_lib.GE, compare_lib.EQ)
                     for _, q in kept)
     if not dominated:
       kept.append((pos, p))

@@ -23,10 +23,10 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 from jax import lax
 
-from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
+from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -78,7 +78,7 @@ class RematPlan:
   regions: tuple[Region, ...]       # ranked: cheapest FLOPs per byte saved first
   order: tuple[int, ...]            # the schedule the plan was made for
   peak_position: int                # the peak step at the shape of interest
-  stats: Mapping[str, int]          # ranking comparisons: decided / depends / fallback
+  counts: DecisionCounts            # how the ranking's comparisons were decided
 
 
 def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
@@ -149,9 +149,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
                               min_fraction * peak)
-  stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
-  ranked = _rank(graph, regions, env, stats)
-  return RematPlan(tuple(ranked), order, peak_pos, stats)
+  decider = Decider(graph.constraints, env)
+  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts)
 
 
 def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes):
@@ -206,19 +205,17 @@ def compatible(active: Sequence[Region], region: Region) -> bool:
       and region.value not in evicted
 
 
-def _rank(graph: ShapeGraph, regions: list[Region], env, stats) -> list[Region]:
-  """Sort by FLOPs per byte saved: a before b iff cost_a * saved_b <= cost_b * saved_a."""
+def _rank(regions: list[Region], decider: Decider) -> list[Region]:
+  """Sort by FLOPs per byte saved: a before b iff cost_a * saved_b <= cost_b * saved_a.
+
+  Where the comparison cannot decide (UNKNOWN), the fallback is the order at the
+  shape of interest, as for DEPENDS.
+  """
 
   def cmp(a: Region, b: Region) -> int:
     lhs, rhs = a.cost * b.saved, b.cost * a.saved
-    stats["comparisons"] += 1
-    kind = compare_lib.compare_polys(lhs, rhs, graph.constraints).kind
-    if kind in ("GE", "LE", "EQ"):
-      stats["decided"] += 1
-      return {"LE": -1, "GE": 1, "EQ": 0}[kind]
-    stats["depends" if kind == "DEPENDS" else "fallback"] += 1
-    x, y = lhs.evaluate(env), rhs.evaluate(env)
-    return (x > y) - (x < y)
+    d = decider.decide(lhs, rhs)
+    return decider.sign_at(lhs, rhs) if d.sign is None else d.sign
   return sorted(regions, key=functools.cmp_to_key(cmp))
 
 
@@ -365,15 +362,14 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   """
   tight = dict(shape_of_interest or graph.max_dims())
   rounds = [first_round(graph, order)]
-  stats = {"comparisons": 0, "decided": 0, "depends": 0, "fallback": 0}
+  counts = DecisionCounts()
   best, stale = rounds[0].peak_at(tight), 0
   for k in range(max_rounds):
     progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
     last = rounds[-1]
     p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
              loops=last.loops)
-    for key, v in p.stats.items():
-      stats[key] += v
+    counts += p.counts
     chosen: list[Region] = []
     for r in p.regions:
       if compatible(chosen, r):
@@ -387,5 +383,4 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:
       break
-  stats["rounds"] = len(rounds) - 1
-  return tuple(rounds), stats
+  return tuple(rounds), dict(counts.as_dict(), rounds=len(rounds) - 1)

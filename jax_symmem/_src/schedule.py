@@ -11,6 +11,9 @@ dims and are compared exactly:
   ends more buffer lifetimes than it starts goes first, then trace order
   ("fallback").
 
+That policy and its counts are `decider.Decider`'s (shared with the remat
+ranking); `Schedule.passes` has the counts of every list pass.
+
 `symbolic=False` is the ablation: every choice by the fallback. `dims=` runs the
 same scheduler on exact shapes (integers), the static anchor. Effects keep their
 trace order, and every node runs after its operands' producers.
@@ -26,9 +29,9 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import memory
 from jax_symmem._src import progress
+from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Program
@@ -42,6 +45,10 @@ class Schedule:
   stats: Mapping[str, int]        # choices, comparisons, decided, depends, fallback, peaks
   source: str = "trace"           # which candidate is the main order
   candidates: Mapping[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
+  # How each list pass decided its comparisons ("forward", "backward", then the same
+  # "@dims" at the other shapes of interest); their sum is the counts in `stats`.
+  # Empty for a schedule read back from the plan cache, which ran no pass.
+  passes: Mapping[str, DecisionCounts] = dataclasses.field(default_factory=dict, compare=False)
 
   def order_for(self, graph: ShapeGraph, dims: Mapping[str, int],
                 program: Program | None = None) -> tuple[int, ...]:
@@ -110,16 +117,22 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # and the run time picks the candidate with the lowest peak at its exact dims
   # (`order_for`). The ablation never reads a shape, so one point serves it.
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
-  candidates, moves, counts = {}, {}, collections.Counter()
+  candidates, moves, passes, choices = {}, {}, {}, 0
   for k, point in enumerate(points):
     progress.update("schedule candidates at shape of interest", k + 1, len(points))
-    chooser = _Chooser(graph, symbolic, exact_env, point)
-    listed = {"forward": _forward(state, chooser), "backward": _backward(state, chooser)}
-    counts.update(chooser.stats)   # decision counts: every pass at every point
-    if k == 0:
-      listed["trace"] = tuple(range(len(program.nodes)))
     suffix = "" if k == 0 else "@" + ",".join(f"{v}={point[v]}" for v in sorted(graph.dims)
                                                 if v in point)
+    listed = {}
+    for name, list_pass in (("forward", _forward), ("backward", _backward)):
+      chooser = _Chooser(graph, Decider(graph.constraints, point, mode))
+      listed[name] = list_pass(state, chooser)
+      key = name + suffix
+      if key in passes:   # shapes of interest that differ only in a var no argument's shape has
+        key += f"#{k}"
+      passes[key] = chooser.decider.counts
+      choices += chooser.choices
+    if k == 0:
+      listed["trace"] = tuple(range(len(program.nodes)))
     # Each list schedule, then the same after local sink moves judged at that point.
     for name, order in listed.items():
       sunk, moves[f"{name}+sink{suffix}"] = _sink(graph, state, order, point, donated)
@@ -136,9 +149,10 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   best = min((name for name in candidates
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
-  stats = dict(counts, sink_moves=moves.get(best, 0),
+  counts = sum(passes.values(), DecisionCounts())
+  stats = dict(choices=choices, **counts.as_dict(), sink_moves=moves.get(best, 0),
                **{f"peak_{k}": v[0] for k, v in scored.items() if "@" not in k})
-  return Schedule(candidates[best], mode, stats, best, candidates)
+  return Schedule(candidates[best], mode, stats, best, candidates, passes)
 
 
 def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
@@ -339,23 +353,19 @@ class _State:
 
 
 class _Chooser:
-  """Picks the smallest impact among ready nodes and counts how each comparison was decided.
+  """Picks the smallest impact among ready nodes (`decider` counts how each comparison went)."""
 
-  Impacts are interned: each distinct polynomial gets a small id, its value at the
-  deciding point is computed once, and the ordering of each pair of ids once
-  (a list pass meets the same few hundred impacts millions of times).
-  """
-
-  def __init__(self, graph, symbolic, exact_env, tight):
-    self.graph, self.symbolic, self.exact_env, self.tight = graph, symbolic, exact_env, tight
-    self.stats = collections.Counter(choices=0, comparisons=0, decided=0, depends=0, fallback=0)
-    self._ids: dict[Poly, int] = {}
-    self._polys: list[Poly] = []
-    self._values: list[int] = []       # at exact_env (static mode) or at tight
-    self._kinds: dict[tuple[int, int], str | None] = {}
+  def __init__(self, graph: ShapeGraph, decider: Decider):
+    self.graph, self.decider = graph, decider
+    self.choices = 0
     self._bytes: dict[int, Poly] = {}
 
-  def buffer_bytes(self, buffers) -> Poly:
+  def impact(self, allocated, freed) -> tuple[int, int]:
+    """(interned bytes, buffer count) of allocating buffers `allocated` and freeing `freed`."""
+    return (self.decider.intern(self._sum(allocated) - self._sum(freed)),
+            len(allocated) - len(freed))
+
+  def _sum(self, buffers) -> Poly:
     total = ZERO
     for b in buffers:
       size = self._bytes.get(b)
@@ -364,18 +374,9 @@ class _Chooser:
       total = total + size
     return total
 
-  def intern(self, poly: Poly) -> int:
-    k = self._ids.get(poly)
-    if k is None:
-      k = self._ids[poly] = len(self._polys)
-      self._polys.append(poly)
-      env = self.exact_env if self.exact_env is not None else self.tight
-      self._values.append(poly.evaluate(env))
-    return k
-
   def pick(self, ready: Sequence[int], impact) -> int:
-    """ready is in preference order for ties; impact(i) -> (interned bytes, buffer count)."""
-    self.stats["choices"] += 1
+    """ready is in preference order for ties; impact(i) -> `self.impact(...)`."""
+    self.choices += 1
     best = ready[0]
     if len(ready) > 1:
       best_impact = impact(best)
@@ -385,28 +386,14 @@ class _Chooser:
           best, best_impact = i, cand
     return best
 
-  def _kind(self, a: int, b: int) -> str | None:
-    try:
-      return self._kinds[a, b]
-    except KeyError:
-      kind = compare_lib.compare_polys(self._polys[a], self._polys[b], self.graph.constraints).kind
-      self._kinds[a, b] = kind
-      return kind
-
   def _better(self, candidate: tuple[int, int], best: tuple[int, int]) -> bool:
     (size, count), (best_size, best_count) = candidate, best
-    if self.exact_env is not None:
-      return (self._values[size], count) < (self._values[best_size], best_count)
-    self.stats["comparisons"] += 1
-    kind = self._kind(size, best_size) if self.symbolic else None
-    if kind in ("GE", "LE", "EQ"):
-      self.stats["decided"] += 1
-      return kind == "LE" or (kind == "EQ" and count < best_count)
-    if kind == "DEPENDS":
-      self.stats["depends"] += 1
-      return self._values[size] < self._values[best_size]
-    self.stats["fallback"] += 1
-    return count < best_count
+    d = self.decider.decide_interned(size, best_size)
+    if d.sign is None:   # undecidable: the size-blind rule, fewer net buffers started
+      return count < best_count
+    # Equal at every shape (or at the exact dims): fewer buffers wins; equal only at
+    # the shape of interest (DEPENDS): the current best stays (`ready`'s preference).
+    return d.sign < 0 or (d.sign == 0 and d.proven and count < best_count)
 
 
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
@@ -423,8 +410,7 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     if hit is None:
       new = state.own[i]
       ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
-      size = chooser.buffer_bytes(new) - chooser.buffer_bytes(ending)
-      hit = cache[i] = (chooser.intern(size), len(new) - len(ending))
+      hit = cache[i] = chooser.impact(new, ending)
     return hit
 
   waiting = [len(ps) for ps in state.preds]
@@ -458,8 +444,7 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     if hit is None:
       added = [b for b in state.operands[i] if b not in live and b not in state.held]
       retired = [o for o in state.own[i] if o in live and o not in state.outputs]
-      size = chooser.buffer_bytes(added) - chooser.buffer_bytes(retired)
-      hit = cache[i] = (chooser.intern(size), len(added) - len(retired))
+      hit = cache[i] = chooser.impact(added, retired)
     return hit
 
   waiting = [len(s) for s in state.succs]

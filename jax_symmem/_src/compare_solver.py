@@ -1,0 +1,531 @@
+"""The solver of one comparison: reduction, operation atoms, witnesses.
+
+`Solver(lhs, rhs, constraints).run()` reduces lhs - rhs by the constraints'
+substitutions, hands a plain polynomial to a `BoxProblem`, and rewrites or
+relaxes floordiv/mod/max/min atoms into plain polynomials over a box that
+contains every allowed point first (exact rewrites s = k*q + r, bounded fresh
+vars, case splits, interval relaxation). Proofs hold on that superset;
+witnesses are completed to full assignments and verified on the original
+expressions before they count. `compare_polys` is its memoized entry point.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+import random
+from typing import Iterable, Mapping
+
+from jax_symmem._src import constraints as constraints_lib
+from jax_symmem._src import poly as poly_lib
+from jax_symmem._src.compare_box import BoxProblem, Result, Search
+from jax_symmem._src.compare_interval import INF, atom_interval, poly_interval
+from jax_symmem._src.compare_kernel import sign_of, to_dict
+from jax_symmem._src.compare_ordering import (DEPENDS, EQ, GE, LE, UNKNOWN, FrozenEnv, Kind,
+                                               Ordering)
+from jax_symmem._src.constraints import Constraints
+from jax_symmem._src.poly import OpAtom, Poly, Var
+
+# Boxes (Bernstein evaluations, univariate splits) one comparison may spend.
+BOX_BUDGET = 4000
+# max/min atoms split into cases at most this deep; deeper ones are relaxed.
+_MAX_CASE_DEPTH = 6
+# Random probes of the original expression when the proofs leave a sign open.
+PROBES = 48
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def compare_polys(lhs: Poly, rhs: Poly, constraints: Constraints) -> Ordering:
+  """The memoized core of `compare` (all arguments hashable, already normalized)."""
+  return Solver(lhs, rhs, constraints).run()
+
+
+@dataclasses.dataclass(frozen=True)
+class _Rewrite:
+  """s = k*q + r, an exact rewrite for floordiv(s, k) / mod(s, k)."""
+  var: str
+  k: int
+  q: str
+  r: str
+
+
+@dataclasses.dataclass(frozen=True)
+class _Frame:
+  """What a relaxed subproblem carries down the atom rewrites."""
+  bounds: Mapping[str, tuple[int, int | None]]   # every var's box, fresh vars included
+  ineqs: tuple[Poly, ...] = ()                   # g >= 0 on the region (prune only)
+  rewrites: tuple[_Rewrite, ...] = ()            # to map points back to the original dims
+  depth: int = 0                                 # max/min case splits so far
+  want: tuple[bool, bool] = (True, True)         # which of ge / le are still worth proving
+
+  def but(self, **changes) -> "_Frame":
+    return dataclasses.replace(self, **changes)
+
+
+class Solver:
+  """One comparison: holds the original expressions, the budget and the witnesses.
+
+  `budget`: boxes (Bernstein evaluations, univariate splits) it may spend
+  before answering UNKNOWN.
+  """
+
+  def __init__(self, lhs: Poly, rhs: Poly, cons: Constraints, budget: int = BOX_BUDGET):
+    self.lhs, self.rhs, self.cons = lhs, rhs, cons
+    self.bounds = cons.bounds_map
+    self.search = Search(budget)           # shared with every box problem of this comparison
+    self.witness = self.search.witness     # sign -> verified full assignment, or None
+    self.fresh = 0
+
+  # --- witnesses ------------------------------------------------------------
+  def bound(self, v: str) -> tuple[int, int | None]:
+    return self.bounds.get(v, (1, None))
+
+  @functools.cached_property
+  def free_vars(self) -> tuple[str, ...]:
+    names = set(self.bounds) | self._constrained
+    for p in (self.lhs, self.rhs):
+      for mono, _ in p.terms:
+        for a, _ in mono:
+          names |= {a.name} if isinstance(a, Var) else a.variables()
+    return tuple(sorted(names - self.cons.eliminated))
+
+  @functools.cached_property
+  def _difference(self) -> list[tuple[int, tuple[tuple[str, int], ...]]] | None:
+    """The original lhs - rhs as (coeff, ((var, exp), ...)) terms; None if it has op atoms."""
+    terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
+    if any(not isinstance(a, Var) for _, m in terms for a, _ in m):
+      return None
+    return [(c, tuple((a.name, e) for a, e in m)) for c, m in terms]
+
+  def _value(self, env: Mapping[str, int]) -> int:
+    """Exact value of the original lhs - rhs at a full assignment."""
+    if self._difference is None:
+      return self.lhs.evaluate(env) - self.rhs.evaluate(env)
+    total = 0
+    for c, mono in self._difference:
+      for name, e in mono:
+        c *= env[name] ** e
+      total += c
+    return total
+
+  @functools.cached_property
+  def _constrained(self) -> frozenset[str]:
+    """Variables that general inequalities mention: completing them takes a search."""
+    return frozenset().union(*(g.variables() for g in self.cons.inequalities))
+
+  def probe(self, env: Mapping[str, int]) -> int | None:
+    """Exact sign of the original lhs - rhs at a completed, feasible `env` (records witnesses)."""
+    full = self.complete(env)
+    if full is None:
+      return None
+    try:
+      s = sign_of(self._value(full))
+    except ZeroDivisionError:
+      return None
+    if s and self.witness[s] is None:
+      self.witness[s] = full
+    return s
+
+  def on_point(self, env: dict[str, int], sign: int) -> None:
+    if self.witness[sign] is None:
+      self.probe(env)
+
+  def complete(self, env: Mapping[str, int]) -> dict[str, int] | None:
+    """Fills the free vars `env` lacks so that every constraint holds (small search)."""
+    point = {v: int(env[v]) for v in self.free_vars if v in env}
+    missing = [v for v in self.free_vars if v not in point]
+    options = []
+    for v in missing:
+      lo, hi = self.bound(v)
+      if v in self._constrained:
+        top = hi if hi is not None else max(2 * lo, 1 << 16)
+        options.append(tuple(dict.fromkeys((lo, top, (lo + top) // 2, lo + 1))))
+      else:
+        options.append((lo,))
+    for combo in itertools.islice(itertools.product(*options), 256):
+      trial = dict(point)
+      trial.update(zip(missing, combo))
+      try:
+        full = self.cons.complete(trial)
+        if self.cons.violation(full) is None:
+          return full
+      except ZeroDivisionError:
+        pass
+    return None
+
+  def samples(self, names: Iterable[str], count: int) -> list[dict[str, int]]:
+    """Corners, centre and seeded random points of the box of `names` (near lo, too)."""
+    names = sorted(names)
+    rng = random.Random(0)
+    axes = []
+    for v in names:
+      lo, hi = self.bound(v)
+      axes.append((lo, hi if hi is not None else max(2 * lo, 1 << 12)))
+    points = list(itertools.islice(itertools.product(*axes), 16))
+    points.append(tuple((a + b) // 2 for a, b in axes))
+    points += [tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)]
+    points += [tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)]
+    return [dict(zip(names, x)) for x in points]
+
+  def probe_randomly(self, names: Iterable[str], count: int) -> None:
+    for env in self.samples(names, count):
+      if self.witness[1] is not None and self.witness[-1] is not None:
+        return
+      self.probe(env)
+
+  # --- the procedure --------------------------------------------------------
+  def run(self) -> Ordering:
+    diff = self.reduced_difference()
+    if all(not mono for mono in diff):
+      return self._constant(diff.get((), 0))
+    atoms = {a for mono in diff for a, _ in mono}
+    if all(isinstance(a, Var) for a in atoms):
+      ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
+      names = sorted({a.name for a in atoms}.union(*(g.variables() for g in ineqs)))
+      index = {n: i for i, n in enumerate(names)}
+      P = {}
+      for mono, c in diff.items():
+        e = [0] * len(names)
+        for a, k in mono:
+          e[index[a.name]] = k
+        P[tuple(e)] = c
+      box = [self.bound(v) for v in names]
+      gs = [to_dict(g, names) for g in ineqs]
+      res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
+      return self._finish(res, names)
+    d = Poly.from_dict(diff)
+    self.probe_randomly(d.variables(), 4)
+    if self.witness[1] is not None and self.witness[-1] is not None:
+      return self._ordering(DEPENDS, "witness")
+    frame = _Frame(bounds={v: self.bound(v) for v in d.variables()},
+                   ineqs=tuple(g for g in self.cons.inequalities if not has_ops(g)))
+    res = self._atoms(d, frame)
+    res.dim, res.pieces = None, ()
+    return self._finish(res, d.variables())
+
+  def reduced_difference(self) -> dict:
+    """reduce(lhs) - reduce(rhs) as {monomial: coeff}, skipping Poly's canonical sorting.
+
+    A substitution by a monomial (s == 128*k, the usual divisibility constraint)
+    is applied term by term here; anything else goes through `Constraints.reduce`.
+    """
+    diff = dict(self.lhs.terms)
+    if not self.cons.substitutions:
+      for mono, c in self.rhs.terms:
+        diff[mono] = diff.get(mono, 0) - c
+      return {mono: c for mono, c in diff.items() if c}
+    subs = {Var(v): q for v, q in self.cons.substitutions}
+    eliminated = self.cons.eliminated
+    diff = {}
+    for p, sign in ((self.lhs, 1), (self.rhs, -1)):
+      for mono, c in p.terms:
+        for m2, c2 in _substitute_term(mono, sign * c, subs, eliminated, self.cons):
+          diff[m2] = diff.get(m2, 0) + c2
+    return {mono: c for mono, c in diff.items() if c}
+
+  def _constant(self, c: int) -> Ordering:
+    s = sign_of(c)
+    if s == 0:
+      return self._ordering(EQ, "constant")
+    self.probe({})
+    return self._ordering(GE if s > 0 else LE, "constant")
+
+  def _finish(self, res: Result, names: Iterable[str]) -> Ordering:
+    if res.ge and res.le:
+      kind = EQ
+    elif res.ge:
+      kind = GE
+    elif res.le:
+      kind = LE
+    else:
+      if self.witness[1] is None or self.witness[-1] is None:
+        self.probe_randomly(names, PROBES)
+      if self.witness[1] is not None and self.witness[-1] is not None:
+        method = res.method if res.method in ("univariate", "bernstein", "witness") else "witness"
+        return self._ordering(DEPENDS, method, res)
+      return self._ordering(UNKNOWN, res.method if res.method == "budget" else "unproven")
+    # A verified counter-witness would mean a wrong proof: refuse rather than lie.
+    if (kind in (GE, EQ) and self.witness[-1]) or (kind in (LE, EQ) and self.witness[1]):
+      return self._ordering(UNKNOWN, "inconsistent")
+    return self._ordering(kind, res.method, res)
+
+  def _ordering(self, kind: Kind, method: str, res: Result | None = None) -> Ordering:
+    gt, lt = self.witness[1], self.witness[-1]
+    if kind == EQ:
+      gt = lt = None
+    return Ordering(
+        kind=kind, lhs=self.lhs, rhs=self.rhs,
+        witness_gt=FrozenEnv(gt) if gt else None,
+        witness_lt=FrozenEnv(lt) if lt else None,
+        dim=res.dim if res is not None and res.pieces else None,
+        pieces=res.pieces if res is not None else (),
+        method=method)
+
+  # --- operation atoms ------------------------------------------------------
+  def _new_var(self, tag: str) -> str:
+    self.fresh += 1
+    return f"{tag}#{self.fresh}"   # '#' never occurs in a JAX dimension name
+
+  def _atoms(self, d: Poly, f: _Frame) -> Result:
+    """Decides d by rewriting or relaxing its operation atoms until it is a plain polynomial.
+
+    Every step keeps soundness for proofs: exact rewrites (s = k*q + r),
+    identities with a bounded fresh var (floordiv(p, k) = (p - m)/k, scaled by
+    |k|^E > 0; floordiv(p, q) = w with 0 <= p - q*w < q), case splits for
+    max/min (each case on the region where it holds), interval relaxation
+    otherwise. The relations a fresh var lost become inequalities, which only
+    prune. The sets only grow, so points found here are mere candidates: they
+    are mapped back to the original dims and verified before they count.
+    """
+    if d.is_constant():
+      s = sign_of(d.constant)
+      return Result(s >= 0, s <= 0, "constant")
+    ops = sorted((a for a in d.atoms() if isinstance(a, OpAtom)), key=lambda a: a.sort_key)
+    if not ops:
+      return self._plain(d, f)
+    # Cases first: their regions often become bounds (s >= 128) that the rewrites then use.
+    for a in ops:
+      if a.op in (poly_lib.MAX, poly_lib.MIN) and f.depth < _MAX_CASE_DEPTH:
+        return self._cases(d, a, f)
+    for a in ops:
+      if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
+        numer = a.operands[0]
+        if _is_var(numer) and a.operands[1].constant > 0 and self._single_divisor(d, numer):
+          return self._exact_divmod(d, a, f)
+    for a in ops:
+      if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
+        return self._general_divmod(d, a, f)
+    for a in ops:
+      if a.op in (poly_lib.FLOORDIV, poly_lib.MOD):
+        return self._division(d, a, f)
+    return self._relax(d, ops[0], f)
+
+  def _plain(self, d: Poly, f: _Frame) -> Result:
+    ineqs = [g for g in f.ineqs if not has_ops(g)]
+    names = sorted(d.variables().union(*(g.variables() for g in ineqs)))
+    box = [f.bounds[v] if v in f.bounds else self.bound(v) for v in names]
+    gs = [to_dict(g, names) for g in ineqs]
+    on_point = functools.partial(self._on_relaxed_point, rewrites=f.rewrites)
+    return BoxProblem(self.search, to_dict(d, names), names, box, gs, on_point).decide(*f.want)
+
+  def _on_relaxed_point(self, env: dict[str, int], sign: int, rewrites) -> None:
+    """Maps a point of a relaxed problem back to the original dims and verifies it."""
+    if self.witness[1] is not None and self.witness[-1] is not None:
+      return
+    env = dict(env)
+    for rw in reversed(rewrites):
+      if rw.q in env and rw.r in env:
+        env[rw.var] = rw.k * env[rw.q] + env[rw.r]
+    self.probe({v: x for v, x in env.items() if "#" not in v})
+
+  def _single_divisor(self, d: Poly, numer: Poly) -> bool:
+    ks = {a.operands[1].constant for a in d.atoms()
+          if isinstance(a, OpAtom) and a.op in (poly_lib.FLOORDIV, poly_lib.MOD)
+          and a.operands[0] == numer and _const_divisor(a)}
+    return len(ks) == 1
+
+  def _exact_divmod(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
+    """floordiv(s, k), mod(s, k) with s a var: s = k*q + r, q, r fresh (exact on integers).
+
+    s in [lo, hi] is exactly (q, r) in three boxes: the first quotient with
+    r >= lo mod k, the full middle, the last quotient with r <= hi mod k. Each
+    must hold; the middle one usually has q >= 1, which then divides out.
+    """
+    s = next(iter(a.operands[0].variables()))
+    k = a.operands[1].constant
+    q, r = self._new_var("q"), self._new_var("r")
+    sv = Poly.var(s)
+    atoms = {OpAtom(poly_lib.FLOORDIV, (sv, Poly.const(k))): Poly.var(q),
+             OpAtom(poly_lib.MOD, (sv, Poly.const(k))): Poly.var(r)}
+    repl = {Var(s): k * Poly.var(q) + Poly.var(r)}
+    d = constraints_lib._substitute_deep(d.substitute(atoms), repl)
+    inner = f.but(ineqs=tuple(constraints_lib._substitute_deep(g.substitute(atoms), repl)
+                              for g in f.ineqs),
+                  rewrites=f.rewrites + (_Rewrite(s, k, q, r),))
+    ge, le = f.want
+    method = "constant"
+    for q_box, r_box in _quotient_boxes(*f.bounds[s], k):
+      if not (ge or le):
+        break
+      res = self._atoms(d, inner.but(bounds={**f.bounds, q: q_box, r: r_box}, want=(ge, le)))
+      ge, le = ge and res.ge, le and res.le
+      method = res.method if method == "constant" else method   # the largest box's
+    return Result(ge, le, method)
+
+  def _general_divmod(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
+    """floordiv(p, k) = (p - m) / k and mod(p, k) = m with m fresh in the range of p mod k."""
+    p, k = a.operands[0], a.operands[1].constant
+    m = self._new_var("m")
+    fd = OpAtom(poly_lib.FLOORDIV, (p, Poly.const(k)))
+    md = OpAtom(poly_lib.MOD, (p, Poly.const(k)))
+    big = max((e for mono, _ in d.terms for at, e in mono if at == fd), default=0)
+    quotient = (p - Poly.var(m)) * (1 if k > 0 else -1)    # == |k| * floordiv(p, k)
+    out = poly_lib.ZERO
+    for mono, c in d.terms:
+      t = Poly.const(c)
+      ef = 0
+      for at, e in mono:
+        if at == fd:
+          ef = e
+        elif at == md:
+          t = t * Poly.var(m) ** e
+        else:
+          t = t * Poly(((((at, e),), 1),))
+      out = out + t * quotient ** ef * abs(k) ** (big - ef)
+    # p - m is k * floordiv(p, k): keep it within k times the quotient's range.
+    lo, hi = sorted(k * x for x in atom_interval(fd, f.bounds))
+    qk = p - Poly.var(m)
+    band = tuple(g for g, bound in ((qk - _finite(lo), lo), (_finite(hi) - qk, hi))
+                 if abs(bound) != INF)
+    bounds = {**f.bounds, m: (0, k - 1) if k > 0 else (k + 1, 0)}
+    return self._atoms(out, f.but(bounds=bounds, ineqs=f.ineqs + band))
+
+  def _division(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
+    """floordiv(p, q) = w and mod(p, q) = p - q*w, w fresh, with the band q*w <= p < q*(w + 1)."""
+    p, q = a.operands
+    q_lo, q_hi = poly_interval(q, f.bounds)
+    fd, md = OpAtom(poly_lib.FLOORDIV, (p, q)), OpAtom(poly_lib.MOD, (p, q))
+    lo, hi = atom_interval(fd, f.bounds)
+    if lo == -INF or not (q_lo > 0 or q_hi < 0):
+      return self._relax(d, a, f)
+    w = self._new_var("w")
+    W = Poly.var(w)
+    rem = p - q * W
+    band = (rem, q - 1 - rem) if q_lo > 0 else (rem - q - 1, -rem)
+    bounds = {**f.bounds, w: (int(lo), None if hi == INF else int(hi))}
+    return self._atoms(d.substitute({fd: W, md: rem}), f.but(bounds=bounds, ineqs=f.ineqs + band))
+
+  def _cases(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
+    """max/min: each case on the region where the atom equals that operand.
+
+    When d is visibly monotone in the atom, d(max(x, y)) = max(d(x), d(y)) (or
+    the min), so for one side a single case on the whole box is enough: that
+    settles max(b, s) >= s without looking at the region b >= s.
+    """
+    x, y = a.operands
+    dx, dy = d.substitute({a: x}), d.substitute({a: y})
+    inner = f.but(depth=f.depth + 1)
+    upper = None   # d = max(d_x, d_y) (True) or min(d_x, d_y) (False) when monotone
+    mono = _monotonicity(d, a, f.bounds)
+    if mono:
+      upper = (a.op == poly_lib.MAX) == (mono > 0)
+    ge = le = False
+    if upper is not None:   # the cheap route first: one case on the whole box
+      side = (True, False) if upper else (False, True)
+      if (f.want[0] if upper else f.want[1]):
+        for dc in (dx, dy):
+          r = self._atoms(dc, inner.but(want=side))
+          if r.ge if upper else r.le:
+            ge, le = ge or upper, le or not upper
+            break
+    want = (f.want[0] and not ge, f.want[1] and not le)
+    gx = x - y if a.op == poly_lib.MAX else y - x   # >= 0 where the atom equals x
+    for dc, g in ((dx, gx), (dy, -gx)):
+      if not any(want):
+        break
+      r = self._on_region(dc, g, inner.but(want=want))
+      want = (want[0] and r.ge, want[1] and r.le)
+    ge, le = ge or want[0], le or want[1]
+    return Result(ge, le, "cases")
+
+  def _on_region(self, d: Poly, g: Poly, f: _Frame) -> Result:
+    """Decides d where g >= 0; a g linear in one var narrows that var's bounds instead."""
+    bound = _as_bound(g)
+    if bound is None:
+      return self._atoms(d, f.but(ineqs=f.ineqs + (g,)))
+    v, lo, hi = bound
+    old_lo, old_hi = f.bounds[v] if v in f.bounds else self.bound(v)
+    lo = old_lo if lo is None else max(lo, old_lo)
+    hi = old_hi if hi is None else (hi if old_hi is None else min(hi, old_hi))
+    if hi is not None and lo > hi:
+      return Result(True, True, "constant")   # an empty region: nothing to prove
+    return self._atoms(d, f.but(bounds={**f.bounds, v: (lo, hi)}))
+
+  def _relax(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
+    """Replaces an opaque atom by a fresh var bounded by interval arithmetic."""
+    lo, hi = atom_interval(a, f.bounds)
+    if lo == -INF:
+      return Result(False, False, "unproven")
+    w = self._new_var("w")
+    bounds = {**f.bounds, w: (int(lo), None if hi == INF else int(hi))}
+    return self._atoms(d.substitute({a: Poly.var(w)}), f.but(bounds=bounds))
+
+
+def _quotient_boxes(lo: int, hi: int | None, k: int):
+  """(q range, r range) boxes whose points k*q + r are exactly the integers of [lo, hi]."""
+  q_lo, r_lo = divmod(lo, k)
+  if hi is None:
+    return [((q_lo, q_lo), (r_lo, k - 1)), ((q_lo + 1, None), (0, k - 1))]
+  q_hi, r_hi = divmod(hi, k)
+  if q_lo == q_hi:
+    return [((q_lo, q_lo), (r_lo, r_hi))]
+  middle = [((q_lo + 1, q_hi - 1), (0, k - 1))] if q_hi - q_lo > 1 else []
+  return middle + [((q_lo, q_lo), (r_lo, k - 1)), ((q_hi, q_hi), (0, r_hi))]
+
+
+def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
+  """g >= 0 as (var, lo, hi) when g is a*v + c (one var, no atoms), else None."""
+  if g.degree() != 1 or len(g.atoms()) != 1:
+    return None
+  (atom,) = g.atoms()
+  if not isinstance(atom, Var):
+    return None
+  a, c = g.as_dict()[((atom, 1),)], g.constant
+  if a > 0:
+    return atom.name, -(c // a), None          # v >= ceil(-c / a)
+  return atom.name, None, c // -a              # v <= floor(c / -a)
+
+
+def _finite(x) -> int:
+  return int(x) if abs(x) != INF else 0
+
+
+def has_ops(p: Poly) -> bool:
+  return any(isinstance(a, OpAtom) for a in p.atoms())
+
+
+def _is_var(p: Poly) -> bool:
+  return len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1 \
+      and p.terms[0][0][0][1] == 1 and isinstance(p.terms[0][0][0][0], Var)
+
+
+def _const_divisor(a: OpAtom) -> bool:
+  return a.operands[1].is_constant() and a.operands[1].constant != 0
+
+
+def _monotonicity(d: Poly, a: OpAtom, bounds) -> int:
+  """+1 / -1 if d is visibly nondecreasing / nonincreasing in max/min atom a, else 0.
+
+  Checked for values >= 0 only, so both operands must be >= 0: d(y) for a
+  negative y says nothing about d(max(x, y)) when d = a^2.
+  """
+  if any(poly_interval(o, bounds)[0] < 0 for o in a.operands):
+    return 0
+  signs = set()
+  for mono, c in d.terms:
+    if any(at == a for at, _ in mono):
+      if any(at != a and atom_interval(at, bounds)[0] < 0 for at, _ in mono):
+        return 0
+      signs.add(sign_of(c))
+  return signs.pop() if len(signs) == 1 else 0
+
+
+def _substitute_term(mono, c: int, subs, eliminated, cons: Constraints):
+  """The terms of c * mono after the substitutions (fast when each is a monomial)."""
+  slow = any((isinstance(a, Var) and a in subs and len(subs[a].terms) != 1)
+             or (isinstance(a, OpAtom) and a.variables() & eliminated) for a, _ in mono)
+  if slow:
+    return cons.reduce(Poly(((mono, c),))).terms
+  exps: dict = {}
+  for a, e in mono:
+    q = subs.get(a) if isinstance(a, Var) else None
+    if q is None:
+      exps[a] = exps.get(a, 0) + e
+      continue
+    (qm, qc), = q.terms
+    c *= qc ** e
+    for b, f in qm:
+      exps[b] = exps.get(b, 0) + f * e
+  return ((tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key)), c),)
+
