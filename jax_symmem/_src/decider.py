@@ -18,8 +18,9 @@ cache and the experiments' JSON use.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
-from typing import Mapping, NamedTuple
+from typing import Iterable, Mapping, NamedTuple
 
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src.constraints import Constraints
@@ -95,20 +96,25 @@ class Decider:
 
   def decide_interned(self, lhs: int, rhs: int) -> Decision:
     """`decide` on interned sizes."""
-    try:
-      outcome, decision = self._memo[lhs, rhs]
-    except KeyError:
-      outcome, decision = self._memo[lhs, rhs] = self._decide(self._polys[lhs], self._polys[rhs])
-    if outcome is not None:
-      counts = self.counts
-      counts.comparisons += 1
-      if outcome == "decided":
-        counts.decided += 1
-      elif outcome == "depends":
-        counts.depends += 1
-      else:
-        counts.fallback += 1
+    outcome, decision = self.lookup(lhs, rhs)
+    self.count((outcome,))
     return decision
+
+  def lookup(self, lhs: int, rhs: int) -> tuple[str | None, Decision]:
+    """(which count the comparison adds to, its decision) for interned sizes, not counted."""
+    try:
+      return self._memo[lhs, rhs]
+    except KeyError:
+      hit = self._memo[lhs, rhs] = self._decide(self._polys[lhs], self._polys[rhs])
+      return hit
+
+  def count(self, outcomes: Iterable[str | None]) -> None:
+    """Adds comparisons with these `lookup` outcomes to `counts` (None: static, uncounted)."""
+    counts = self.counts
+    for outcome, n in collections.Counter(outcomes).items():
+      if outcome is not None:
+        counts.comparisons += n
+        setattr(counts, outcome, getattr(counts, outcome) + n)
 
   def _decide(self, lhs: Poly, rhs: Poly) -> tuple[str | None, Decision]:
     """(which count it adds to, the decision)."""

@@ -252,8 +252,6 @@ class _Profile:
     else:
       seq = np.asarray(self.order[lo:hi], np.int64)
       self.before[lo:hi], self.step[lo:hi] = self._window(seq, self.freed[seq], self.before[lo])
-    self.prefix_max = np.maximum.accumulate(self.step)
-    self.suffix_max = np.maximum.accumulate(self.step[::-1])[::-1]
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
@@ -268,9 +266,9 @@ class _Profile:
     _, step = self._window(seq, freed, self.before[p])
     peak = max(self.t.arguments, int(step.max()))
     if p > 0:
-      peak = max(peak, int(self.prefix_max[p - 1]))
+      peak = max(peak, int(self.step[:p].max()))
     if q < len(self.order):
-      peak = max(peak, int(self.suffix_max[q]))
+      peak = max(peak, int(self.step[q:].max()))
     self._pending = (i, p, q, handed)
     return peak
 
@@ -375,25 +373,44 @@ class _Chooser:
     return total
 
   def pick(self, ready: Sequence[int], impact) -> int:
-    """ready is in preference order for ties; impact(i) -> `self.impact(...)`."""
+    """ready is in preference order for ties; impact(i) -> `self.impact(...)`.
+
+    The first ready node whose impact beats the best so far becomes the best.
+    Many ready nodes share an impact (the same bytes and buffer count): one that
+    lost to the current best loses again, so it is counted as the same comparison
+    again without asking the decider.
+    """
     self.choices += 1
     best = ready[0]
-    if len(ready) > 1:
-      best_impact = impact(best)
-      for i in ready[1:]:
-        cand = impact(i)
-        if self._better(cand, best_impact):
-          best, best_impact = i, cand
+    if len(ready) == 1:
+      return best
+    lookup = self.decider.lookup
+    best_impact = impact(best)
+    outcome_vs_best = {}          # impact -> outcome of its comparison with best_impact
+    outcomes = []
+    for i in ready[1:]:
+      cand = impact(i)
+      outcome = outcome_vs_best.get(cand, _UNSEEN)
+      if outcome is _UNSEEN:
+        outcome, decision = lookup(cand[0], best_impact[0])
+        outcome_vs_best[cand] = outcome
+        if _better(decision, cand[1], best_impact[1]):
+          best, best_impact, outcome_vs_best = i, cand, {}
+      outcomes.append(outcome)
+    self.decider.count(outcomes)
     return best
 
-  def _better(self, candidate: tuple[int, int], best: tuple[int, int]) -> bool:
-    (size, count), (best_size, best_count) = candidate, best
-    d = self.decider.decide_interned(size, best_size)
-    if d.sign is None:   # undecidable: the size-blind rule, fewer net buffers started
-      return count < best_count
-    # Equal at every shape (or at the exact dims): fewer buffers wins; equal only at
-    # the shape of interest (DEPENDS): the current best stays (`ready`'s preference).
-    return d.sign < 0 or (d.sign == 0 and d.proven and count < best_count)
+
+_UNSEEN = object()
+
+
+def _better(decision, count: int, best_count: int) -> bool:
+  """Whether an impact with `count` net buffers beats the best's, given how their bytes compare."""
+  if decision.sign is None:   # undecidable: the size-blind rule, fewer net buffers started
+    return count < best_count
+  # Equal at every shape (or at the exact dims): fewer buffers wins; equal only at
+  # the shape of interest (DEPENDS): the current best stays (`ready`'s preference).
+  return decision.sign < 0 or (decision.sign == 0 and decision.proven and count < best_count)
 
 
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:

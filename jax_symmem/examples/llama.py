@@ -61,6 +61,10 @@ PRESETS = {
     "llama2_1b": LlamaConfig(vocab=32000, d_model=2048, n_layers=22, n_heads=32, d_ff=5632,
                              max_len=2048, dtype="bfloat16", param_dtype="float32",
                              norm_eps=1e-5),
+    # Llama-2-7B's shape (32 layers, d_model 4096; 6.7 B parameters): planning-time runs only.
+    "llama2_7b": LlamaConfig(vocab=32000, d_model=4096, n_layers=32, n_heads=32, d_ff=11008,
+                             max_len=4096, dtype="bfloat16", param_dtype="float32",
+                             norm_eps=1e-5),
 }
 
 
