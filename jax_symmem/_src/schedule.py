@@ -196,7 +196,7 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
     if not state.succs[i]:
       continue
     if profile is not None:
-      p, q = profile.pos[i], min(profile.pos[s] for s in state.succs[i])
+      p, q = int(profile.pos[i]), int(min(profile.pos[s] for s in state.succs[i]))
       if q == p + 1:
         continue
       new = profile.trial(i, q)
@@ -212,7 +212,7 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
     new = memory.peak_at(graph, at, state.program, cand, donated)
     if new <= current:
       order, current, moves = cand, new, moves + 1
-  return (profile.order if profile is not None else order), moves
+  return (profile.order.tolist() if profile is not None else order), moves
 
 
 class _Profile:
@@ -222,17 +222,16 @@ class _Profile:
   def __init__(self, tables, order: Sequence[int]):
     self.t = tables
     n = len(order)
-    self.order = list(order)
-    self.pos = [0] * n
-    for k, i in enumerate(self.order):
-      self.pos[i] = k
+    self.order = np.asarray(order, np.int64)
+    self.pos = np.empty(n, np.int64)                          # node -> its position
+    self.pos[self.order] = np.arange(n)
     self.reads: list[list[int]] = [[] for _ in range(n)]      # node -> buffers it reads
     self.readers: list[list[int]] = [[] for _ in tables.buf_size]
     for i, b in zip(tables.use_node.tolist(), tables.use_buf.tolist()):
       self.reads[i].append(b)
       self.readers[b].append(i)
     self.size = tables.buf_size.tolist()
-    self.last = [max(r, key=self.pos.__getitem__) for r in self.readers]
+    self.last = [max(r, key=self.pos.__getitem__) for r in self.readers]   # buffer -> last reader
     self.freed = np.zeros(n, np.int64)                        # node -> bytes freed there
     for b, i in enumerate(self.last):
       self.freed[i] += self.size[b]
@@ -246,11 +245,10 @@ class _Profile:
     return before, before + alloc + self.t.trans[seq]
 
   def _rebuild(self, lo: int, hi: int):
+    seq = self.order[lo:hi]
     if lo == 0 and hi == len(self.order):
-      seq = np.asarray(self.order, np.int64)
       self.before, self.step = self._window(seq, self.freed[seq], self.t.arguments)
     else:
-      seq = np.asarray(self.order[lo:hi], np.int64)
       self.before[lo:hi], self.step[lo:hi] = self._window(seq, self.freed[seq], self.before[lo])
 
   def trial(self, i: int, q: int) -> int:
@@ -258,7 +256,7 @@ class _Profile:
     p = self.pos[i]
     # Buffers i reads whose last read falls before q are now last read by i.
     handed = [b for b in self.reads[i] if self.pos[self.last[b]] < q and self.last[b] != i]
-    seq = np.asarray(self.order[p + 1:q] + [i], np.int64)
+    seq = np.append(self.order[p + 1:q], i)
     freed = self.freed[seq]
     for b in handed:
       freed[self.pos[self.last[b]] - p - 1] -= self.size[b]
@@ -279,10 +277,9 @@ class _Profile:
       self.freed[self.last[b]] -= self.size[b]
       self.freed[i] += self.size[b]
       self.last[b] = i
-    del self.order[p]
-    self.order.insert(q - 1, i)
-    for k in range(p, q):
-      self.pos[self.order[k]] = k
+    self.order[p:q - 1] = self.order[p + 1:q].copy()
+    self.order[q - 1] = i
+    self.pos[self.order[p:q]] = np.arange(p, q)
     self._rebuild(p, q)
 
 
@@ -372,8 +369,8 @@ class _Chooser:
       total = total + size
     return total
 
-  def pick(self, ready: Sequence[int], impact) -> int:
-    """ready is in preference order for ties; impact(i) -> `self.impact(...)`.
+  def pick(self, ready: Sequence[int], impacts: "_Impacts") -> int:
+    """ready is in preference order for ties; impacts[i] is `self.impact(...)` of node i.
 
     The first ready node whose impact beats the best so far becomes the best.
     Many ready nodes share an impact (the same bytes and buffer count): one that
@@ -385,11 +382,11 @@ class _Chooser:
     if len(ready) == 1:
       return best
     lookup = self.decider.lookup
-    best_impact = impact(best)
+    best_impact = impacts[best]
     outcome_vs_best = {}          # impact -> outcome of its comparison with best_impact
     outcomes = []
-    for i in ready[1:]:
-      cand = impact(i)
+    rest = ready[1:]
+    for i, cand in zip(rest, [impacts[i] for i in rest]):
       outcome = outcome_vs_best.get(cand, _UNSEEN)
       if outcome is _UNSEEN:
         outcome, decision = lookup(cand[0], best_impact[0])
@@ -413,6 +410,19 @@ def _better(decision, count: int, best_count: int) -> bool:
   return decision.sign < 0 or (decision.sign == 0 and decision.proven and count < best_count)
 
 
+class _Impacts(dict):
+  """node -> its impact, computed when first read; callers drop (`pop`) the entries
+  of nodes whose impact a placement may have changed."""
+
+  def __init__(self, compute):
+    super().__init__()
+    self.compute = compute
+
+  def __missing__(self, i):
+    hit = self[i] = self.compute(i)
+    return hit
+
+
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
   program = state.program
@@ -420,21 +430,18 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   for ops in state.operands:
     remaining.update(ops)
   keep = state.held | state.outputs
-  cache: dict[int, tuple[int, int]] = {}   # a node's impact until a buffer it reads is read
 
   def impact(i):
-    hit = cache.get(i)
-    if hit is None:
-      new = state.own[i]
-      ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
-      hit = cache[i] = chooser.impact(new, ending)
-    return hit
+    new = state.own[i]
+    ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
+    return chooser.impact(new, ending)
+  cache = _Impacts(impact)   # a node's impact until a buffer it reads is read
 
   waiting = [len(ps) for ps in state.preds]
   ready = [i for i, w in enumerate(waiting) if w == 0]
   order = []
   while ready:
-    best = chooser.pick(ready, impact)
+    best = chooser.pick(ready, cache)
     order.append(best)
     ready.remove(best)
     remaining.subtract(state.operands[best])
@@ -454,21 +461,18 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, last to first, the node whose operands add least net of the outputs it retires."""
   program = state.program
   live = set(state.outputs)
-  cache: dict[int, tuple[int, int]] = {}   # a node's impact until a buffer it touches changes
 
   def impact(i):
-    hit = cache.get(i)
-    if hit is None:
-      added = [b for b in state.operands[i] if b not in live and b not in state.held]
-      retired = [o for o in state.own[i] if o in live and o not in state.outputs]
-      hit = cache[i] = chooser.impact(added, retired)
-    return hit
+    added = [b for b in state.operands[i] if b not in live and b not in state.held]
+    retired = [o for o in state.own[i] if o in live and o not in state.outputs]
+    return chooser.impact(added, retired)
+  cache = _Impacts(impact)   # a node's impact until a buffer it touches changes
 
   waiting = [len(s) for s in state.succs]
   ready = sorted((i for i, w in enumerate(waiting) if w == 0), reverse=True)
   placed = []
   while ready:
-    best = chooser.pick(ready, impact)
+    best = chooser.pick(ready, cache)
     placed.append(best)
     ready.remove(best)
     changed = (set(state.own[best]) - state.outputs) | (set(state.operands[best]) - live)
