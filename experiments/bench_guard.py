@@ -17,6 +17,7 @@ import os
 import jax
 
 from experiments import workloads
+from experiments._common import MiB
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
@@ -51,7 +52,7 @@ def main():
   }
   print(f"XLA temp bytes at b={args.batch}, s={args.seq} (memory_analysis, ynn fusions off):")
   for name, t in results.items():
-    print(f"  {name:<45} {t / 2**20:>9.1f} MiB")
+    print(f"  {name:<45} {t / MiB:>9.1f} MiB")
   os.makedirs(os.path.dirname(args.out), exist_ok=True)
   with open(args.out, "w") as f:
     json.dump({"dims": dims, "temp_bytes": results}, f, indent=1)

@@ -40,13 +40,13 @@ from absl import flags
 import jax
 import numpy as np
 
+from experiments import _common
+from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem import measure
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants
 
-MiB = 2**20
-FENCE = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # keep jax.checkpoint (F1)
+FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint (F1)
 WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
@@ -120,14 +120,8 @@ WORKLOADS = {
 # --- one figure per fresh process (jax_symmem.measure calls these) --------------------------
 
 
-def _bytes(tree) -> int:
-  return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
-
-
 def _footprint(exe) -> int:
-  ma = exe.memory_analysis()
-  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-          - ma.alias_size_in_bytes)
+  return _common.xla_memory(exe)["footprint"]
 
 
 def measured(workload: str, variant: str, length: int, budget: int = 0):
@@ -136,7 +130,7 @@ def measured(workload: str, variant: str, length: int, budget: int = 0):
   compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`)."""
   w = WORKLOADS[workload]()
   args = (w.state(), *w.batch(length))
-  extra = {"argument_bytes": _bytes(args)}
+  extra = {"argument_bytes": _common.tree_bytes(args)}
   if variant in ("jit", "per_layer"):
     exe = jax.jit(w.step("layer" if variant == "per_layer" else None)).lower(*args).compile(
         compiler_options=FENCE if variant == "per_layer" else {})
@@ -165,9 +159,8 @@ def _compile_round(analysis, k, dims, args):
 
 
 def _real(workload, variant, length, budget=0) -> dict:
-  m = measure.measure("experiments.bench_models:measured", workload=workload, variant=variant,
-                      length=length, budget=budget)
-  return dict(m.extra, real=m.peak_delta + m.extra["argument_bytes"])
+  return _common.real_peak("experiments.bench_models:measured", workload=workload,
+                           variant=variant, length=length, budget=budget)
 
 
 # --- the run --------------------------------------------------------------------------------

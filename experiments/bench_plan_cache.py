@@ -30,6 +30,10 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # also run as `python experiments/bench_plan_cache.py`
+
+from experiments._common import MiB  # noqa: E402
+
 DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
 
 _CHILD = """
@@ -90,7 +94,7 @@ def main() -> None:
                            "compilation cache in the same directory")
   parser.add_argument("--budget-mib", type=int, default=256)
   args = parser.parse_args()
-  budget = args.budget_mib * 2**20
+  budget = args.budget_mib * MiB
   with tempfile.TemporaryDirectory() as cache_dir:
     xla = os.path.join(cache_dir, "xla") if args.first_call else None
     cold = _run(cache_dir, args.preset, args.scan, 1, xla, budget)

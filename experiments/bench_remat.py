@@ -43,14 +43,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_symmem as symmem  # noqa: E402
-from jax_symmem import measure  # noqa: E402
 from jax_symmem._src import jit as jit_lib  # noqa: E402  (reads CPU_COMPILER_OPTIONS only)
 from jax_symmem.examples import transformer  # noqa: E402
+from experiments import _common  # noqa: E402
 from experiments import workloads  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 
-MiB = 2**20
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
-FENCE = workloads.REMAT_FENCE_OPTIONS
+FENCE = _common.REMAT_FENCE_OPTIONS
 
 
 def _mib(x):
@@ -65,23 +65,21 @@ def _fmt(x, width=8, prec=1):
 
 def _measure_baseline(batch, seq, cfg, policy, fenced):
   t = time.perf_counter()
-  m = measure.measure("experiments.workloads:remat_baseline_step", batch=batch, seq=seq, cfg=cfg,
-                      policy=policy, fenced=fenced)
-  return {"policy": policy, "fenced": fenced, "seq": seq, "peak_delta": m.peak_delta,
-          "argument_bytes": m.extra["argument_bytes"],
-          "real": m.peak_delta + m.extra["argument_bytes"], "xla": m.extra["xla"],
-          "compiler_options": m.extra["compiler_options"],
+  m = _common.real_peak("experiments.workloads:remat_baseline_step", batch=batch, seq=seq,
+                        cfg=cfg, policy=policy, fenced=fenced)
+  return {"policy": policy, "fenced": fenced, "seq": seq, "peak_delta": m["peak_delta"],
+          "argument_bytes": m["argument_bytes"], "real": m["real"], "xla": m["xla"],
+          "compiler_options": m["compiler_options"],
           "seconds": round(time.perf_counter() - t, 1)}
 
 
 def _measure_symmem(batch, seq, cfg, budget, constraints):
   t = time.perf_counter()
-  m = measure.measure("experiments.workloads:remat_symmem_step", batch=batch, seq=seq, cfg=cfg,
-                      budget=budget, constraints=list(constraints))
-  e = dict(m.extra)
+  e = _common.real_peak("experiments.workloads:remat_symmem_step", batch=batch, seq=seq,
+                        cfg=cfg, budget=budget, constraints=list(constraints))
   info = e["cache_info"]
-  return {"seq": seq, "peak_delta": m.peak_delta, "argument_bytes": e["argument_bytes"],
-          "real": m.peak_delta + e["argument_bytes"], "round": e["round"],
+  return {"seq": seq, "peak_delta": e["peak_delta"], "argument_bytes": e["argument_bytes"],
+          "real": e["real"], "round": e["round"],
           "model_round": e["model_round"], "n_rounds": e["n_rounds"],
           "model_peak_dispatched": e["model_peak_dispatched"], "xla": e["xla"],
           "first_call_s": e["first_call_s"], "cache_info": info, "executables": e["executables"],
@@ -287,8 +285,7 @@ def main(argv=None) -> int:
     s = row["seq"]
     args = transformer.example_args(cfg, batch, s)
     # what symmem.jit will see as held by other live arrays (it adds this to the modeled peak)
-    row["reserved_here"] = max(0, jit_lib._live_bytes() - sum(
-        x.nbytes for x in jax.tree_util.tree_leaves(args)))
+    row["reserved_here"] = max(0, jit_lib._live_bytes() - _common.tree_bytes(args))
     got = jax.block_until_ready(step(*args))
     row["round_here"] = [v.round for v in step.compiled(b=batch, s=s)]
     want = jax.block_until_ready(ref(*args))

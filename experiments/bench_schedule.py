@@ -46,22 +46,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
+from experiments import _common  # noqa: E402
 from experiments import workloads  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 from jax_symmem import measure as measure_lib  # noqa: E402
 from jax_symmem._src import compare as compare_lib  # noqa: E402
 from jax_symmem._src import memory  # noqa: E402
 from jax_symmem._src import schedule as schedule_lib  # noqa: E402
 from jax_symmem.examples import transformer  # noqa: E402
 
-MiB = 2 ** 20
 WORKLOAD = "experiments.workloads:reference_executor"
 CACHED_WORKLOAD = "experiments.workloads:reference_executor_cached"
 REL_TOL, ABS_TOL = 0.05, 8 * MiB
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "bench_schedule.json"
-
-
-def _mib(x) -> float | None:
-  return None if x is None else round(x / MiB, 3)
 
 
 def _within(real: int, model: int) -> bool:
@@ -172,8 +169,7 @@ def main(argv=None) -> int:
     L = row["seq"]
     if L not in real_lengths:
       continue
-    params, tokens, mask = transformer.example_args(workloads.CONFIG, batch, L)
-    arg_bytes = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves((params, tokens, mask)))
+    arg_bytes = _common.tree_bytes(transformer.example_args(workloads.CONFIG, batch, L))
     row["real_argument_bytes"] = arg_bytes
     variants = [("", WORKLOAD)] + ([("cached_", CACHED_WORKLOAD)] if args.cached else [])
     for (prefix, workload), key in itertools.product(variants, ("trace", "symbolic")):

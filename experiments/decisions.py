@@ -64,7 +64,8 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-MiB = 2 ** 20
+from experiments._common import MiB  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "decisions.json"
 WORKLOADS = ("llama", "llama_scan", "gpt2", "hf_llama", "llama2_1b")
 SHAPES = (None, "b, s", "b, s")

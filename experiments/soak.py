@@ -43,13 +43,13 @@ from absl import logging as absl_logging  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments import _common  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 from jax_symmem._src import jit as jit_lib  # noqa: E402  (reads MAX_RECOMPILES only)
 from jax_symmem.measure import MMAP_THRESHOLD, proc_status  # noqa: E402
 from jax_symmem.measure import reset_high_water_mark  # noqa: E402
 from jax_symmem.examples import batching  # noqa: E402
 from jax_symmem.examples import llama  # noqa: E402
-
-MiB = 2**20
 
 
 # --- data and budget --------------------------------------------------------------------------
@@ -118,10 +118,6 @@ def capture_logs(*names: str):
 
 
 # --- the loop -----------------------------------------------------------------------------
-
-def _tree_bytes(tree) -> int:
-  return sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
-
 
 def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: int, *,
               measure_hwm: bool = False, progress_every: int = 0, rss_every: int = 50):
@@ -193,7 +189,7 @@ def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: 
 
   # The step's arguments are resident before each call: the F3 "real peak" adds them back.
   longest = max(first)
-  arg_bytes = _tree_bytes(state) + sum(x.nbytes for x in first[longest])
+  arg_bytes = _common.tree_bytes((state, first[longest]))
   results = {
       "steps": steps, "warmup_steps": len(warm_records), "budget": budget,
       "cache_info_start": info0, "cache_info_after_warmup": info_warm, "cache_info": info,
@@ -210,7 +206,7 @@ def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: 
       "warnings": sum(lv >= py_logging.WARNING for _, lv, _ in logs),
       "rss_base": rss_base, "rss_samples": rss_samples, "hwm": hwm,
       "hwm_delta": None if hwm is None else hwm - rss_base,
-      "argument_bytes_longest": arg_bytes, "state_bytes": _tree_bytes(state),
+      "argument_bytes_longest": arg_bytes, "state_bytes": _common.tree_bytes(state),
       "shapes": [list(s) for s in first],
   }
   return state, results

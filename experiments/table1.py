@@ -40,16 +40,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import _common
+from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem import measure
 from jax_symmem.examples import batching
 from jax_symmem.examples import llama
 
-MiB = 2**20
 VARIANTS = ("static", "jit", "ckpt", "symmem")
 LABELS = {"static": "(a) static, padded", "jit": "(b) jax.jit", "ckpt": "(c) per-layer ckpt",
           "symmem": "(d) symmem.jit"}
-REMAT_FENCE_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # F1
 # The main job's embedded default: small enough for 2 CPU cores in a few minutes.
 DEMO_CONFIG = llama.LlamaConfig(vocab=2048, d_model=128, n_layers=2, n_heads=4, d_ff=344,
                                 max_len=768)
@@ -90,7 +89,7 @@ def build(variant: str, cfg: llama.LlamaConfig, batch: int, budget: int | None, 
   if variant == "jit":
     return PerShapeJit(step_fn), same
   if variant == "ckpt":
-    return PerShapeJit(step_fn, REMAT_FENCE_OPTIONS), same
+    return PerShapeJit(step_fn, _common.REMAT_FENCE_OPTIONS), same
   if variant == "symmem":
     return symmem.jit(step_fn, polymorphic_shapes=(None, "b, s", "b, s"),
                       constraints=llama.step_constraints(max_len, batch),
@@ -108,7 +107,7 @@ def workload(variant: str, cfg: dict, batch: int, seq: int, budget: int | None, 
   state = llama.init_state(config)
   tokens, mask = prepare(*map(np.asarray, llama.example_batch(config, batch, seq)))
   args = (state, jnp.asarray(tokens), jnp.asarray(mask))
-  extra = {"argument_bytes": sum(x.nbytes for x in jax.tree_util.tree_leaves(args))}
+  extra = {"argument_bytes": _common.tree_bytes(args)}
 
   def call(*a):
     out = step(*a)
@@ -121,9 +120,8 @@ def workload(variant: str, cfg: dict, batch: int, seq: int, budget: int | None, 
 
 
 def measure_real(variant, cfg, batch, seq, budget, max_len) -> dict:
-  m = measure.measure("experiments.table1:workload", variant=variant, cfg=cfg, batch=batch,
-                      seq=seq, budget=budget, max_len=max_len)
-  return dict(m.extra, seq=seq, real=m.peak_delta + m.extra["argument_bytes"])
+  return dict(_common.real_peak("experiments.table1:workload", variant=variant, cfg=cfg,
+                                batch=batch, seq=seq, budget=budget, max_len=max_len), seq=seq)
 
 
 class Progress:
