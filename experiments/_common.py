@@ -50,3 +50,17 @@ def real_peak(spec: str, **kwargs) -> dict:
   from jax_symmem import measure
   m = measure.measure(spec, **kwargs)
   return dict(m.extra, peak_delta=m.peak_delta, real=m.peak_delta + m.extra["argument_bytes"])
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+def budget_between(lo: int, hi: int, frac: float = 0.5) -> int:
+  """The budget `frac` of the way from `lo` up to `hi` bytes, rounded down (halfway by default)."""
+  return int(lo + frac * (hi - lo))
+
+
+def budget_limit(budget: int) -> float:
+  """The most a budgeted step's real (F3) peak may read and still count as within `budget`:
+  budget x 1.05 + 8 MiB, the criterion of bench_remat, bench_models, soak and table1."""
+  return budget * 1.05 + 8 * MiB

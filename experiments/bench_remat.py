@@ -236,7 +236,7 @@ def main(argv=None) -> int:
   t_baselines = time.perf_counter() - t
   nope_long = base[(longest, None, True)]["real"]
   layer_long = base[(longest, "layer", True)]["real"]
-  budget = (nope_long + layer_long) // 2
+  budget = _common.budget_between(layer_long, nope_long)
   if not a.quick:
     check(f"no-remat real peak at s={longest} >= 200 MiB", nope_long >= 200 * MiB,
           f"{nope_long / MiB:.1f} MiB")
@@ -337,7 +337,7 @@ def main(argv=None) -> int:
     row["symmem_real"] = m["real"]
     row["nope_real"] = base[(s, None, True)]["real"]
     row["layer_real"] = base[(s, "layer", True)]["real"]
-    limit = budget * 1.05 + 8 * MiB
+    limit = _common.budget_limit(budget)
     check(f"s={s}: symmem real <= budget*1.05 + 8 MiB", m["real"] <= limit,
           f"{m['real'] / MiB:.1f} vs {limit / MiB:.1f} MiB (round {m['round']})")
     check(f"s={s}: measured call was a cache hit", m["measured_call_was_hit"], str(m["cache_info"][-1]))
@@ -388,7 +388,7 @@ def main(argv=None) -> int:
   print(hdr)
   for row in rows:
     s, m = row["seq"], sym[row["seq"]]
-    limit_ok = m["real"] <= budget * 1.05 + 8 * MiB
+    limit_ok = m["real"] <= _common.budget_limit(budget)
     print(f"{s:>5} {row['nope_real'] / MiB:7.1f} {row['layer_real'] / MiB:7.1f} {m['real'] / MiB:7.1f} "
           f"{'ok' if limit_ok else 'FAIL':>5} {m['round']:>3}({m['model_round']:>2}) "
           f"{m['xla'].get('footprint', 0) / MiB:7.1f} {m['model_peak_dispatched'] / MiB:7.1f} "

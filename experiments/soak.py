@@ -90,7 +90,7 @@ def pick_budget(cfg, args, *, frac: float, max_len: int, max_batch: int):
   dims = {"b": max_batch, "s": max_len}
   peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
   lo, hi = min(peaks), peaks[0]
-  budget = int(lo + frac * (hi - lo))
+  budget = _common.budget_between(lo, hi, frac)
   return budget, {"dims": dims, "round_peaks": peaks, "no_remat_peak": hi, "min_peak": lo,
                   "min_round": peaks.index(lo), "frac": frac}
 
@@ -338,7 +338,7 @@ def main(argv=None) -> int:
   if res["hwm_delta"] is not None:
     # bench_remat's criterion for a real peak against the budget
     real_peak = res["hwm_delta"] + res["argument_bytes_longest"]
-    tol = budget * 1.05 + 8 * MiB
+    tol = _common.budget_limit(budget)
     check("real peak (VmHWM delta + argument bytes) <= budget x 1.05 + 8 MiB",
           real_peak <= tol, f"{real_peak / MiB:.1f} vs {tol / MiB:.1f} MiB")
 

@@ -148,7 +148,7 @@ def choose_budget(real_jit: int, real_ckpt: int, model_round0: int) -> int:
   below what the model says (d) needs without evictions, so (d) must run a remat
   round there; above (c)'s, so a step that fits exists.
   """
-  return (real_ckpt + min(real_jit, model_round0)) // 2
+  return _common.budget_between(real_ckpt, min(real_jit, model_round0))
 
 
 def format_rounds(counts: dict) -> str:
@@ -320,7 +320,7 @@ def checks(rows) -> list[tuple[str, bool, str]]:
   for r in rows:
     b, budget, real, model = r["batch"], r["budget"], r["real"], r["model"]
     longest = r["buckets"][-1]
-    slack = budget * 1.05 + 8 * MiB
+    slack = _common.budget_limit(budget)
     out.append((f"b={b}: (b) jax.jit over the budget at the longest bucket",
                 real["jit"]["real"] > budget, f"{real['jit']['real'] / MiB:.1f} > {budget / MiB:.1f}"))
     for k in ("symmem", "symmem_median"):
@@ -357,7 +357,7 @@ def print_table(cfg, rows, out=sys.stdout):
       f"{'vs (b)':>7} {'compiles':>8}  rounds")
     for v in VARIANTS:
       real, model, info = r["real"][v]["real"], r["model"][v], r["variants"][v]
-      verdict = "OOM" if real > r["budget"] * 1.05 + 8 * MiB else "fits"
+      verdict = "OOM" if real > _common.budget_limit(r["budget"]) else "fits"
       rounds = "-"
       if "rounds_per_pass" in info:
         run = rounds_run(info)
