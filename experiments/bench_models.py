@@ -208,20 +208,20 @@ def run_workload(w: Workload, passes: int) -> dict:
     jit_real = _real(w.name, "jit", length)
     ckpt_real = per_layer_long if length == longest else _real(w.name, "per_layer", length)
     last_real = _real(w.name, "last_round", length)
+    row = {
+        "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
+        "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
+        "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
+        "last_round_real_mib": last_real["real"] / MiB,
+        "reach": last_real["real"] / ckpt_real["real"], "budget_mib": budget / MiB}
+    rows.append(row)
     try:
       sym_real = _real(w.name, "symmem", length, budget)
     except RuntimeError as e:   # symmem.jit refused the budget (BudgetError in the child)
-      refused = str(e).strip().splitlines()[-1]
-      print(f"  {dims}: symmem.jit refused: {refused}; last round real "
+      row["symmem_refused"] = str(e).strip().splitlines()[-1]
+      print(f"  {dims}: symmem.jit refused: {row['symmem_refused']}; last round real "
             f"{last_real['real'] / MiB:.1f} MiB, per-layer {ckpt_real['real'] / MiB:.1f}",
             flush=True)
-      rows.append({"dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-                   "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
-                   "jit_real_mib": jit_real["real"] / MiB,
-                   "per_layer_real_mib": ckpt_real["real"] / MiB,
-                   "last_round_real_mib": last_real["real"] / MiB,
-                   "reach": last_real["real"] / ckpt_real["real"], "budget_mib": budget / MiB,
-                   "symmem_refused": refused})
       continue
     # Interleaved timing, in this process (per-layer compiled with barriers kept).
     ckpt_exe = per_layer.lower(*args).compile(compiler_options=FENCE)
@@ -236,19 +236,13 @@ def run_workload(w: Workload, passes: int) -> dict:
     options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
                else jit_lib.FAST_PATH_CPU_OPTIONS)
     same = _close(step(*args), ref.lower(*args).compile(compiler_options=options)(*args))
-    row = {
-        "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-        "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
-        "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
-        "last_round_real_mib": last_real["real"] / MiB,
-        "reach": last_real["real"] / ckpt_real["real"],
-        "budget_mib": budget / MiB, "symmem_real_mib": sym_real["real"] / MiB,
+    row.update({
+        "symmem_real_mib": sym_real["real"] / MiB,
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
         "within_budget": sym_real["real"] <= _common.budget_limit(budget),
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
-        "step_s": times, "equal_to_jax_jit": same}
-    rows.append(row)
+        "step_s": times, "equal_to_jax_jit": same})
     vs_jit = f"{row['time_vs_jit']:.2f}" if row["time_vs_jit"] else "(jax.jit over)"
     print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB "
           f"[{'ok' if row['model_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
