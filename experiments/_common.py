@@ -1,11 +1,23 @@
 """What the experiments share, one home each: units, the bytes of a tree, XLA's memory
-figures, the real peak of DESIGN.md F3 and the budget rules built on it.
+figures, the real peak of DESIGN.md F3 and the budget rules built on it, and the envelope
+every results file is written in (`write_results`).
 
 Imports only the standard library at module level (jax and jax_symmem load on first
 use), so a driver that only starts measuring processes stays light.
 """
 
 from __future__ import annotations
+
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+from typing import Any, Mapping
 
 MiB = 2**20
 
@@ -64,3 +76,59 @@ def budget_limit(budget: int) -> float:
   """The most a budgeted step's real (F3) peak may read and still count as within `budget`:
   budget x 1.05 + 8 MiB, the criterion of bench_remat, bench_models, soak and table1."""
   return budget * 1.05 + 8 * MiB
+
+
+# --- results files ------------------------------------------------------------------------------
+
+
+def package_version(package: str) -> str | None:
+  """The installed version of `package` (without importing it); None if absent."""
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def environment() -> dict:
+  """Versions, platform, CPUs and load average of this machine (no host name)."""
+  return {"python": platform.python_version(), "jax": package_version("jax"),
+          "jaxlib": package_version("jaxlib"), "flax": package_version("flax"),
+          "platform": platform.platform(), "machine": platform.machine(),
+          "cpus": os.cpu_count(), "load_average": list(os.getloadavg())}
+
+
+def command() -> str:
+  """The command line this process runs (`python -m <module> ...` when run as a module)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+  return shlex.join(head + sys.argv[1:])
+
+
+def git_revision() -> str | None:
+  """HEAD of the checkout the experiments run from; None outside git."""
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(__file__).parent,
+                         capture_output=True, text=True, check=False)
+  except OSError:
+    return None
+  return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def envelope(result: Mapping[str, Any]) -> dict:
+  """`result` with the keys every results file shares in front: environment (with the
+  result's own "environment" entries merged in), command, git_revision and date (UTC)."""
+  head = {"environment": {**environment(), **result.get("environment", {})},
+          "command": command(), "git_revision": git_revision(),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  clash = (set(head) - {"environment"}) & set(result)
+  if clash:
+    raise ValueError(f"the result already has the envelope's keys {sorted(clash)}")
+  return {**head, **{k: v for k, v in result.items() if k != "environment"}}
+
+
+def write_results(path, result: Mapping[str, Any]) -> pathlib.Path:
+  """Writes `envelope(result)` as JSON to `path` (making its directory); returns the path."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(envelope(result), indent=1, default=str) + "\n")
+  return path

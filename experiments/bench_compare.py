@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import pathlib
-import platform
 import random
-import subprocess
 import statistics
 import sys
 import time
@@ -45,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
 from jax import export  # noqa: E402
 
+from experiments import _common  # noqa: E402
 from jax_symmem import symbolic  # noqa: E402
 from jax_symmem._src import compare as compare_lib  # noqa: E402
 from jax_symmem._src import poly as poly_lib  # noqa: E402
@@ -240,16 +237,6 @@ def time_summary(times, cpu_times, repeat: int) -> dict:
           "cpu_p99": cpu_us[min(n - 1, math.ceil(0.99 * n) - 1)]}
 
 
-def environment() -> dict:
-  try:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=pathlib.Path(__file__).parent, check=False).stdout.strip()
-  except OSError:
-    commit = ""
-  return {"jax": jax.__version__, "python": platform.python_version(),
-          "machine": platform.machine(), "cpus": os.cpu_count(), "commit": commit}
-
-
 # --------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------
@@ -317,7 +304,6 @@ def main(argv=None) -> int:
                      "with_operations": sum("(" in l + r for l, r, _ in strings)},
       "targets": targets,
       "load_average": load_after, "load_average_before": load_before,
-      "environment": environment(),
       "jax_ge": {"answers": dict(jax_counts),
                  "decided_share": (jax_counts["True"] + jax_counts["False"]) / n,
                  "disagreements_with_decided_exact": jax_wrong},
@@ -347,10 +333,7 @@ def main(argv=None) -> int:
   for m in str_mismatch[:5]:
     print("STRING API DIFFERS:", m)
   print(f"wall time {wall:.0f} s")
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(summary, indent=2) + "\n")
-  print(f"wrote {out}")
+  print(f"wrote {_common.write_results(args.out, summary)}")
   return 0 if not wrong and not str_mismatch and decided >= 0.99 * n else 1
 
 

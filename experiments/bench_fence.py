@@ -14,9 +14,8 @@ Barriers are kept by disabling cse_barrier_expander (F1).
 """
 
 import argparse
-import json
-import os
 
+from experiments import _common
 from experiments._common import MiB
 from jax_symmem import measure
 
@@ -51,9 +50,7 @@ def main():
     print(f"  s={row['seq']:>5}: best {best}; schedule_fenced vs default "
           f"{fenced - row['default']['real_delta'] / MiB:+.1f} MiB, vs memory_optimized "
           f"{fenced - row['memory_optimized']['real_delta'] / MiB:+.1f} MiB")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"min_mib": args.min_mib, "rows": rows}, f, indent=1)
+  _common.write_results(args.out, {"min_mib": args.min_mib, "rows": rows})
   print(f"\nwrote {args.out}")
 
 

@@ -11,11 +11,10 @@ DESIGN.md F2; barriers kept, F1).
 """
 
 import argparse
-import json
-import os
 
 import jax
 
+from experiments import _common
 from experiments import workloads
 from experiments._common import MiB
 from jax_symmem._src import analysis as analysis_lib
@@ -53,9 +52,7 @@ def main():
   print(f"XLA temp bytes at b={args.batch}, s={args.seq} (memory_analysis, ynn fusions off):")
   for name, t in results.items():
     print(f"  {name:<45} {t / MiB:>9.1f} MiB")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"dims": dims, "temp_bytes": results}, f, indent=1)
+  _common.write_results(args.out, {"dims": dims, "temp_bytes": results})
 
 
 if __name__ == "__main__":

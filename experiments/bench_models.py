@@ -27,11 +27,8 @@ the median over passes is reported.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from typing import Callable
 
@@ -258,20 +255,13 @@ def run_workload(w: Workload, passes: int) -> dict:
 def main(argv):
   del argv
   names = WORKLOADS_FLAG.value or list(WORKLOADS)
-  rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                       text=True).stdout.strip()
-  out = {"environment": {"jax": jax.__version__, "machine": platform.machine(),
-                         "cpus": os.cpu_count(), "git": rev},
-         "command": "python -m experiments.bench_models --workloads=" + ",".join(names)
-                    + f" --passes={PASSES.value}", "results": []}
-  os.makedirs(os.path.dirname(OUT.value), exist_ok=True)
+  out = {"results": []}
   for n in names:   # written after each workload: a long run keeps what it measured
     w = WORKLOADS[n]()
     if QUICK.value:
       w = dataclasses.replace(w, lengths=tuple(s // 4 for s in w.lengths))
     out["results"].append(dict(run_workload(w, PASSES.value), load=os.getloadavg()))
-    with open(OUT.value, "w") as f:
-      json.dump(out, f, indent=1)
+    _common.write_results(OUT.value, out)
   print(f"wrote {OUT.value}")
 
 

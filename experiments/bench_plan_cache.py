@@ -15,7 +15,7 @@ once stored).
   python experiments/bench_plan_cache.py [--preset small] [--scan] [--warm 2]
                                          [--first-call] [--budget-mib 256]
 
-Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json.
+Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json (or --out).
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import tempfile
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # also run as `python experiments/bench_plan_cache.py`
 
+from experiments import _common  # noqa: E402
 from experiments._common import MiB  # noqa: E402
 
 DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
@@ -93,6 +94,8 @@ def main() -> None:
                       help="also time symmem.jit's first call (b=2, s=128) with JAX's persistent "
                            "compilation cache in the same directory")
   parser.add_argument("--budget-mib", type=int, default=256)
+  parser.add_argument("--out", default=None,
+                      help="default experiments/results/bench_plan_cache[_scan]_<preset>.json")
   args = parser.parse_args()
   budget = args.budget_mib * MiB
   with tempfile.TemporaryDirectory() as cache_dir:
@@ -121,10 +124,9 @@ def main() -> None:
             "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
             "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),
             "python": platform.python_version()}
-  out = ROOT / "experiments" / "results" / (
+  out = args.out or ROOT / "experiments" / "results" / (
       f"bench_plan_cache{'_scan' if args.scan else ''}_{args.preset}.json")
-  out.write_text(json.dumps(result, indent=1) + "\n")
-  print(f"wrote {out.relative_to(ROOT)}")
+  print(f"wrote {_common.write_results(out, result)}")
 
 
 if __name__ == "__main__":

@@ -31,7 +31,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import gc
-import json
 import os
 import statistics
 import sys
@@ -453,9 +452,7 @@ def main(argv=None) -> int:
              "timing_s": t_timing, "total_s": runtime}
   print("runtime: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
 
-  os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-  with open(a.out, "w") as f:
-    json.dump({
+  _common.write_results(a.out, {
         "config": cfg_kw, "batch": batch, "lengths": lengths, "constraints": constraints,
         "quick": a.quick, "jax": jax.__version__, "budget": budget,
         "fence_options": FENCE, "symmem_options": jit_lib.CPU_COMPILER_OPTIONS,
@@ -466,7 +463,7 @@ def main(argv=None) -> int:
         "analysis_stats": dict(analysis.stats), "plan": analysis.plan,
         "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
         "timings_s": timings,
-    }, f, indent=1, default=str)
+  })
   print(f"wrote {a.out}")
   return 0 if not failed else 1
 

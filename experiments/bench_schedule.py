@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -292,8 +290,7 @@ def main(argv=None) -> int:
                  "repeats": args.repeats, "quick": args.quick, "cached": args.cached,
                  "workloads": [WORKLOAD] + ([CACHED_WORKLOAD] if args.cached else []),
                  "tolerance": {"relative": REL_TOL, "absolute_bytes": ABS_TOL}},
-      "environment": {"jax": jax.__version__, "python": platform.python_version(),
-                      "machine": platform.machine(), "backend": jax.default_backend()},
+      "environment": {"backend": jax.default_backend()},
       "ops": len(program.nodes),
       "tight_dims": {k: tight[k] for k in ("b", "s")},
       "schedules": {
@@ -308,10 +305,7 @@ def main(argv=None) -> int:
       "rows": rows,
       "all_symbolic_le_trace": all(r["check_symbolic_le_trace"] for r in rows),
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1, default=str))
-  print(f"wrote {path}")
+  print(f"wrote {_common.write_results(args.out, out)}")
   return 0 if out["all_symbolic_le_trace"] else 1
 
 

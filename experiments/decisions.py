@@ -54,7 +54,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
 import resource
 import signal
 import subprocess
@@ -64,6 +63,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
+from experiments import _common  # noqa: E402
 from experiments._common import MiB  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "decisions.json"
@@ -519,11 +519,6 @@ def main(argv=None) -> int:
   print(f"\ntotal runtime: {runtime:.1f} s; load average at end "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
-  try:
-    import transformers
-    tf_version = transformers.__version__
-  except ImportError:
-    tf_version = None
   out = {
       "benchmark": "decisions",
       "config": {"workloads": names, "batch": args.batch, "lengths": args.lengths,
@@ -531,16 +526,12 @@ def main(argv=None) -> int:
                  "budget_fraction": args.budget_fraction, "ablation_remat": args.ablation_remat,
                  "timeout": args.timeout, "timeout_1b": args.timeout_1b, "quick": args.quick,
                  "polymorphic_shapes": ["None", "b, s", "b, s"]},
-      "environment": {"jax": jax.__version__, "transformers": tf_version,
-                      "python": platform.python_version(), "cpus": os.cpu_count(),
+      "environment": {"transformers": _common.package_version("transformers"),
                       "load_average_start": args.load_start},
       "results": results,
       "runtime_seconds": round(runtime, 1),
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1, default=str) + "\n")
-  print(f"wrote {path}")
+  print(f"wrote {_common.write_results(args.out, out)}")
   return 1 if any(r.get("failed") for r in results) else 0
 
 

@@ -29,7 +29,6 @@ import collections
 import contextlib
 import dataclasses
 import gc
-import json
 import logging as py_logging
 import math
 import os
@@ -388,10 +387,8 @@ def main(argv=None) -> int:
     print(f"{'PASS' if ok else 'FAIL'}: {name}" + (f" ({detail})" if detail else ""))
   print(f"checks: {len(checks) - len(failed)} of {len(checks)} passed; runtime {runtime:.0f} s")
 
-  os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
   summary = {k: v for k, v in res.items() if k not in ("records", "warmup_records")}
-  with open(a.out, "w") as f:
-    json.dump({
+  _common.write_results(a.out, {
         "args": vars(a), "config": dataclasses.asdict(cfg),
         "jax": jax.__version__, "budget": budget, "budget_choice": budget_info,
         "buckets": {str(s): n for (_, s), n in sorted(shapes.items())},
@@ -403,7 +400,7 @@ def main(argv=None) -> int:
         "steps": [[r["s"], r["round"], r["xla_bytes"], r["reserved"], round(r["dt"], 4),
                    round(r["loss"], 4)] for r in res["records"]],
         "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
-    }, f, indent=1, default=str)
+  })
   print(f"wrote {a.out}")
   return 0 if not failed else 1
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import resource
 import sys
@@ -470,12 +469,11 @@ def main(argv=None):
   cpu = sum(u.ru_utime + u.ru_stime for u in usage)
   print(f"\ntotal {time.perf_counter() - t0:.0f} s wall, {cpu:.0f} s CPU (this process and its "
         f"measurement processes), load average {os.getloadavg()[0]:.1f}")
-  os.makedirs(os.path.dirname(out_path), exist_ok=True)
-  with open(out_path, "w") as f:
-    json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "steps": steps, "passes": a.passes,
-               "load_average": os.getloadavg(),
-               "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in results],
-               "jax": jax.__version__, "cpus": os.cpu_count()}, f, indent=1, default=str)
+  _common.write_results(out_path, {
+      "config": dataclasses.asdict(cfg), "rows": rows, "steps": steps, "passes": a.passes,
+      "load_average": os.getloadavg(),
+      "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in results],
+      "jax": jax.__version__, "cpus": os.cpu_count()})
   print(f"wrote {out_path}")
   png = out_path.rsplit(".", 1)[0] + ".png"
   if plot(cfg, rows, png):
