@@ -1,6 +1,9 @@
 """What the experiments share, one home each: units, the bytes of a tree, XLA's memory
-figures, the real peak of DESIGN.md F3 and the budget rules built on it, and the envelope
-every results file is written in (`write_results`).
+figures, the real peak of DESIGN.md F3 and the budget rules built on it, boolean flags,
+and the envelope every results file is written in (`write_results`).
+
+Flags are spelled as absl spells them, with underscores (`--max_len`, `--budget_mib`,
+`--repeats`); a boolean flag `--x` is turned off with `--nox` (`add_bool_flag`).
 
 Imports only the standard library at module level (jax and jax_symmem load on first
 use), so a driver that only starts measuring processes stays light.
@@ -8,6 +11,7 @@ use), so a driver that only starts measuring processes stays light.
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import importlib.metadata
 import json
@@ -76,6 +80,17 @@ def budget_limit(budget: int) -> float:
   """The most a budgeted step's real (F3) peak may read and still count as within `budget`:
   budget x 1.05 + 8 MiB, the criterion of bench_remat, bench_models, soak and table1."""
   return budget * 1.05 + 8 * MiB
+
+
+# --- flags --------------------------------------------------------------------------------------
+
+
+def add_bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
+  """`--name` and `--noname`, absl's spelling of a boolean flag; the last one given wins."""
+  parser.add_argument(f"--{name}", dest=name, action="store_true", default=default,
+                      help=f"{help} (default: {'on' if default else 'off'})")
+  parser.add_argument(f"--no{name}", dest=name, action="store_false", default=default,
+                      help=f"turn --{name} off")
 
 
 # --- results files ------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ shape graph, schedule, remat rounds; with the cache warm: tracing, shape graph,
 replaying the stored rounds). The first process plans and stores the plan; the
 next ones (another PYTHONHASHSEED each) load it. Each warm process checks that
 its rounds' modeled peaks equal the cold plan's at a few shapes. With
---first-call each process then times `symmem.jit`'s first call (a fresh
+--first_call each process then times `symmem.jit`'s first call (a fresh
 `SymmemFunction` under a budget: analysis again, under another plan key than the
 budget-less analysis above, so the cold process plans it from scratch and later
 processes load it; plus XLA's compiles, from JAX's persistent compilation cache
 once stored).
 
-  python experiments/bench_plan_cache.py [--preset small] [--scan] [--warm 2]
-                                         [--first-call] [--budget-mib 256]
+  python -m experiments.bench_plan_cache [--preset small] [--scan] [--warm 2]
+                                          [--first_call] [--budget_mib 256] [--out PATH]
 
 Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json (or --out).
 """
@@ -90,10 +90,11 @@ def main() -> None:
   parser.add_argument("--preset", default="small")
   parser.add_argument("--scan", action="store_true", help="nn.scan over the layers")
   parser.add_argument("--warm", type=int, default=2, help="warm processes after the cold one")
-  parser.add_argument("--first-call", action="store_true",
+  parser.add_argument("--first_call", action="store_true",
                       help="also time symmem.jit's first call (b=2, s=128) with JAX's persistent "
                            "compilation cache in the same directory")
-  parser.add_argument("--budget-mib", type=int, default=256)
+  parser.add_argument("--budget_mib", type=int, default=256,
+                      help="symmem.jit's budget for --first_call")
   parser.add_argument("--out", default=None,
                       help="default experiments/results/bench_plan_cache[_scan]_<preset>.json")
   args = parser.parse_args()

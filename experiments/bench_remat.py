@@ -21,8 +21,8 @@ For the transformer training step of jax_symmem/examples/transformer.py (f32):
 Real peak = peak_delta (VmHWM - VmRSS around the measured call) + the bytes of the step's
 arguments (params, tokens, mask), which are resident before the call.
 
-  python experiments/bench_remat.py            # the full run (~10-15 min on 2 cores)
-  python experiments/bench_remat.py --quick    # smoke run: 2 small layers, short lengths
+  python -m experiments.bench_remat            # the full run (~10-15 min on 2 cores)
+  python -m experiments.bench_remat --quick    # smoke run: 2 small layers, short lengths
 """
 
 from __future__ import annotations
@@ -196,8 +196,9 @@ def main(argv=None) -> int:
   parser.add_argument("--d_ff", type=int, default=688)
   parser.add_argument("--n_layers", type=int, default=4)
   parser.add_argument("--max_batch", type=int, default=4, help="constraint b <= this")
-  parser.add_argument("--reps", type=int, default=7, help="timed calls per variant and length")
-  parser.add_argument("--dispatch_reps", type=int, default=2000)
+  parser.add_argument("--repeats", type=int, default=7, help="timed calls per variant and length")
+  parser.add_argument("--dispatch_repeats", type=int, default=2000,
+                      help="symmem.jit calls timed for the dispatch overhead")
   parser.add_argument("--jobs", type=int, default=2,
                       help="measurement subprocesses at once (memory only; timing runs alone)")
   parser.add_argument("--quick", action="store_true", help="smoke run: small model, short lengths")
@@ -206,7 +207,7 @@ def main(argv=None) -> int:
   if a.quick:
     a.lengths = a.lengths or "16,32,64,128,256"
     a.vocab, a.d_model, a.n_heads, a.d_ff, a.n_layers = 128, 64, 2, 172, 2
-    a.reps, a.dispatch_reps = 2, 400
+    a.repeats, a.dispatch_repeats = 2, 400
     if a.out == parser.get_default("out"):
       a.out = "experiments/results/bench_remat_quick.json"
   lengths = sorted(int(x) for x in (a.lengths or "64,128,256,512,1024").split(",") if x.strip())
@@ -251,7 +252,7 @@ def main(argv=None) -> int:
   t_symmem_measure = time.perf_counter() - t
 
   # --- dispatch overhead (this process, before anything else is live) -----------------
-  overhead = _dispatch_overhead(a.dispatch_reps, budget)
+  overhead = _dispatch_overhead(a.dispatch_repeats, budget)
 
   # --- 3./4. analysis, numerics and timing (this process) -----------------------------
   step_fn = transformer.make_train_step(cfg)
@@ -317,7 +318,7 @@ def main(argv=None) -> int:
     elif best_policy not in (None, "layer"):
       fns[best_policy] = _baseline_compiled(cfg, args, best_policy)
     compiles_before = step.cache_info()["compiles"]
-    times = _time_calls(fns, args, a.reps)
+    times = _time_calls(fns, args, a.repeats)
     row["times"] = times
     row["timing_compiles"] = step.cache_info()["compiles"] - compiles_before
     row["round_timed"] = [v.round for v in step.compiled(b=batch, s=s)]
@@ -413,7 +414,7 @@ def main(argv=None) -> int:
           f"{p['max_rel_ref_ge_1e-3']:.2e}, n>rtol {p['n_over_pure_rtol']}; {'ok' if n['ok'] else 'FAIL'}"
           f"  | floor: max abs {f['max_abs']:.2e}, max rel {f['max_rel']:.2e}, n>rtol {f['n_over_pure_rtol']}")
   print()
-  print(f"5. step time, median of {a.reps} warm calls in this process (seconds; ratio = symmem / other);")
+  print(f"5. step time, median of {a.repeats} warm calls in this process (seconds; ratio = symmem / other);")
   print(f"   'best' = {best_policy} (fastest policy fitting the budget at s={longest}), used at every length")
   print("   'fits?' = jax.jit's measured real peak <= budget at that length; 'jit+opt' = jax.jit compiled with")
   print("   symmem.jit's CPU options, no remat (what those options alone cost); round = dispatched here")

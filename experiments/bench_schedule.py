@@ -18,8 +18,8 @@ one symbolic schedule for every shape, and at each sequence length:
 
 It also times scheduling: the symbolic schedule once vs the static one per shape.
 
-  python experiments/bench_schedule.py [--lengths 64,128,256,512,1024] [--batch 4]
-                                       [--real | --no-real] [--repeats 2] [--cached] [--quick]
+  python -m experiments.bench_schedule [--lengths 64,128,256,512,1024] [--batch 4]
+                                       [--real | --noreal] [--repeats 2] [--cached] [--quick]
 
 Prints a table and writes experiments/results/bench_schedule.json.
 
@@ -97,8 +97,8 @@ def main(argv=None) -> int:
   parser.add_argument("--lengths", default="64,128,256,512,1024",
                       help="comma-separated sequence lengths (the trace allows 2 <= s <= 1024)")
   parser.add_argument("--batch", type=int, default=4, help="batch size (the trace allows b <= 16)")
-  parser.add_argument("--real", action=argparse.BooleanOptionalAction, default=True,
-                      help="measure the reference executor's real peak (fresh process per figure)")
+  _common.add_bool_flag(parser, "real", True,
+                        "measure the reference executor's real peak (fresh process per figure)")
   parser.add_argument("--repeats", type=int, default=2, help="real measurements per length and order")
   parser.add_argument("--cached", action="store_true",
                       help="also measure reference_executor_cached (one specialized program for "
