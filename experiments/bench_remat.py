@@ -454,16 +454,16 @@ def main(argv=None) -> int:
   print("runtime: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
 
   _common.write_results(a.out, {
-        "config": cfg_kw, "batch": batch, "lengths": lengths, "constraints": constraints,
-        "quick": a.quick, "jax": jax.__version__, "budget": budget,
-        "fence_options": FENCE, "symmem_options": jit_lib.CPU_COMPILER_OPTIONS,
-        "real_peak_definition": "peak_delta + argument bytes (params, tokens, mask)",
-        "baselines": [dict(v, key=list(k)) for k, v in base.items()],
-        "symmem": list(sym.values()), "rows": rows, "fitting_policies": fitting,
-        "best_policy": best_policy, "dispatch_overhead": overhead,
-        "analysis_stats": dict(analysis.stats), "plan": analysis.plan,
-        "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
-        "timings_s": timings,
+    "config": cfg_kw, "batch": batch, "lengths": lengths, "constraints": constraints,
+    "quick": a.quick, "jax": jax.__version__, "budget": budget,
+    "fence_options": FENCE, "symmem_options": jit_lib.CPU_COMPILER_OPTIONS,
+    "real_peak_definition": "peak_delta + argument bytes (params, tokens, mask)",
+    "baselines": [dict(v, key=list(k)) for k, v in base.items()],
+    "symmem": list(sym.values()), "rows": rows, "fitting_policies": fitting,
+    "best_policy": best_policy, "dispatch_overhead": overhead,
+    "analysis_stats": dict(analysis.stats), "plan": analysis.plan,
+    "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
+    "timings_s": timings,
   })
   print(f"wrote {a.out}")
   return 0 if not failed else 1

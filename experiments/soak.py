@@ -389,17 +389,17 @@ def main(argv=None) -> int:
 
   summary = {k: v for k, v in res.items() if k not in ("records", "warmup_records")}
   _common.write_results(a.out, {
-        "args": vars(a), "config": dataclasses.asdict(cfg),
-        "jax": jax.__version__, "budget": budget, "budget_choice": budget_info,
-        "buckets": {str(s): n for (_, s), n in sorted(shapes.items())},
-        "rows": rows, "summary": summary, "real_peak": real_peak,
-        "variants": step.variants(), "max_recompiles": jit_lib.MAX_RECOMPILES,
-        "timings_s": {"probe": t_probe, "analysis": t_analysis, "warmup": res["warmup_s"],
-                      "soak": res["wall_s"], "total": runtime},
-        # per step: s, round, xla_bytes, reserved, dt, loss (compact)
-        "steps": [[r["s"], r["round"], r["xla_bytes"], r["reserved"], round(r["dt"], 4),
-                   round(r["loss"], 4)] for r in res["records"]],
-        "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
+    "args": vars(a), "config": dataclasses.asdict(cfg),
+    "jax": jax.__version__, "budget": budget, "budget_choice": budget_info,
+    "buckets": {str(s): n for (_, s), n in sorted(shapes.items())},
+    "rows": rows, "summary": summary, "real_peak": real_peak,
+    "variants": step.variants(), "max_recompiles": jit_lib.MAX_RECOMPILES,
+    "timings_s": {"probe": t_probe, "analysis": t_analysis, "warmup": res["warmup_s"],
+                  "soak": res["wall_s"], "total": runtime},
+    # per step: s, round, xla_bytes, reserved, dt, loss (compact)
+    "steps": [[r["s"], r["round"], r["xla_bytes"], r["reserved"], round(r["dt"], 4),
+               round(r["loss"], 4)] for r in res["records"]],
+    "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
   })
   print(f"wrote {a.out}")
   return 0 if not failed else 1
