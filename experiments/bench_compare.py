@@ -21,7 +21,7 @@ magnitude bound shows no overflow (< 2^62), else with Python ints (object
 arrays), one slice of the grid at a time. As a baseline it also asks JAX's own
 `>=` on the same pair (DESIGN.md F9).
 
-  python experiments/bench_compare.py [--pairs 1000] [--seed 0]
+  python -m experiments.bench_compare [--pairs 1000] [--seed 0] [--repeats 3]
 
 Prints a summary and writes experiments/results/bench_compare.json.
 """
@@ -30,13 +30,10 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import math
 import os
 import pathlib
-import platform
 import random
-import subprocess
 import statistics
 import sys
 import time
@@ -45,9 +42,9 @@ import numpy as np
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
 from jax import export  # noqa: E402
 
+from experiments import _common  # noqa: E402
 from jax_symmem import symbolic  # noqa: E402
 from jax_symmem._src import compare as compare_lib  # noqa: E402
 from jax_symmem._src import poly as poly_lib  # noqa: E402
@@ -240,16 +237,6 @@ def time_summary(times, cpu_times, repeat: int) -> dict:
           "cpu_p99": cpu_us[min(n - 1, math.ceil(0.99 * n) - 1)]}
 
 
-def environment() -> dict:
-  try:
-    commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                            cwd=pathlib.Path(__file__).parent, check=False).stdout.strip()
-  except OSError:
-    commit = ""
-  return {"jax": jax.__version__, "python": platform.python_version(),
-          "machine": platform.machine(), "cpus": os.cpu_count(), "commit": commit}
-
-
 # --------------------------------------------------------------------------
 # Main
 # --------------------------------------------------------------------------
@@ -257,7 +244,7 @@ def main(argv=None) -> int:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--pairs", type=int, default=1000)
   ap.add_argument("--seed", type=int, default=0)
-  ap.add_argument("--repeat", type=int, default=3, help="timed fresh runs per pair (best counts)")
+  ap.add_argument("--repeats", type=int, default=3, help="timed fresh runs per pair (best counts)")
   ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "bench_compare.json"))
   args = ap.parse_args(argv)
 
@@ -270,9 +257,9 @@ def main(argv=None) -> int:
     symbolic.compare(strings[0][0], strings[0][1], constraints=strings[0][2])
     break
   results, times, cpu_times = time_calls(
-      [lambda p=p: compare_lib.compare_polys(p[1], p[2], p[3]) for p in pairs], args.repeat)
+      [lambda p=p: compare_lib.compare_polys(p[1], p[2], p[3]) for p in pairs], args.repeats)
   str_results, str_times, str_cpu_times = time_calls(
-      [lambda x=x: symbolic.compare(x[0], x[1], constraints=x[2]) for x in strings], args.repeat)
+      [lambda x=x: symbolic.compare(x[0], x[1], constraints=x[2]) for x in strings], args.repeats)
   # The string API must answer exactly as the core does on the polynomials it was printed from.
   str_mismatch = [{"lhs": l, "rhs": r, "constraints": list(c), "string": str(a), "poly": str(o)}
                   for (l, r, c), a, o in zip(strings, str_results, results) if a != o]
@@ -300,7 +287,7 @@ def main(argv=None) -> int:
   n = len(pairs)
   decided = sum(o.decided for o in results)
   str_decided = sum(o.decided for o in str_results)
-  t_str = time_summary(str_times, str_cpu_times, args.repeat)
+  t_str = time_summary(str_times, str_cpu_times, args.repeats)
   targets = {"mean_le_100us": t_str["mean"] <= 100, "p99_le_1ms": t_str["p99"] <= 1000,
              "decided_ge_99pct": str_decided >= 0.99 * n, "wrong_0": not wrong,
              "same_answers": not str_mismatch}
@@ -310,14 +297,13 @@ def main(argv=None) -> int:
       "kinds": dict(kinds), "methods": dict(methods),
       "per_setting": {k: dict(v) for k, v in per_setting.items()},
       # The core on pre-parsed polynomials and normalized constraints.
-      "time_us": time_summary(times, cpu_times, args.repeat),
+      "time_us": time_summary(times, cpu_times, args.repeats),
       # The public string API, parsing and constraint normalization included.
       "string_api": {"time_us": t_str, "decided": str_decided, "mismatches": len(str_mismatch),
                      "mismatch_examples": str_mismatch[:5],
                      "with_operations": sum("(" in l + r for l, r, _ in strings)},
       "targets": targets,
       "load_average": load_after, "load_average_before": load_before,
-      "environment": environment(),
       "jax_ge": {"answers": dict(jax_counts),
                  "decided_share": (jax_counts["True"] + jax_counts["False"]) / n,
                  "disagreements_with_decided_exact": jax_wrong},
@@ -332,7 +318,7 @@ def main(argv=None) -> int:
   for k, v in per_setting.items():
     print(f"  {k:20s} decided {v['decided']}/{v['pairs']}")
   for label, t in (("string API, parsing included", t_str), ("pre-parsed compare_polys", summary["time_us"])):
-    print(f"time per compare, {label} (caches cleared, best of {args.repeat}): "
+    print(f"time per compare, {label} (caches cleared, best of {args.repeats}): "
           f"mean {t['mean']:.0f} us, p50 {t['p50']:.0f} us, p99 {t['p99']:.0f} us, "
           f"max {t['max']:.0f} us; thread CPU time mean {t['cpu_mean']:.0f} us, "
           f"p50 {t['cpu_p50']:.0f} us")
@@ -347,10 +333,7 @@ def main(argv=None) -> int:
   for m in str_mismatch[:5]:
     print("STRING API DIFFERS:", m)
   print(f"wall time {wall:.0f} s")
-  out = pathlib.Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps(summary, indent=2) + "\n")
-  print(f"wrote {out}")
+  print(f"wrote {_common.write_results(args.out, summary)}")
   return 0 if not wrong and not str_mismatch and decided >= 0.99 * n else 1
 
 

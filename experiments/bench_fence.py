@@ -14,9 +14,9 @@ Barriers are kept by disabling cse_barrier_expander (F1).
 """
 
 import argparse
-import json
-import os
 
+from experiments import _common
+from experiments._common import MiB
 from jax_symmem import measure
 
 MODES = ("default", "memory_optimized", "trace_fenced", "schedule_fenced", "schedule_fenced_memopt")
@@ -40,19 +40,17 @@ def main():
       m = measure.measure("experiments.workloads:compiled_step", batch=args.batch, seq=s, mode=mode,
                           min_mib=args.min_mib)
       row[mode] = {"real_delta": m.peak_delta, **m.extra}
-      cells.append(f"{m.peak_delta / 2**20:>12.1f} ({m.extra['temp'] / 2**20:>8.1f})")
+      cells.append(f"{m.peak_delta / MiB:>12.1f} ({m.extra['temp'] / MiB:>8.1f})")
     rows.append(row)
     print(f"{s:>5}  " + "  ".join(f"{c:>24}" for c in cells), flush=True)
   print("\nbest per length:")
   for row in rows:
     best = min(MODES, key=lambda m: row[m]["real_delta"])
-    fenced = row["schedule_fenced"]["real_delta"] / 2**20
+    fenced = row["schedule_fenced"]["real_delta"] / MiB
     print(f"  s={row['seq']:>5}: best {best}; schedule_fenced vs default "
-          f"{fenced - row['default']['real_delta'] / 2**20:+.1f} MiB, vs memory_optimized "
-          f"{fenced - row['memory_optimized']['real_delta'] / 2**20:+.1f} MiB")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"min_mib": args.min_mib, "rows": rows}, f, indent=1)
+          f"{fenced - row['default']['real_delta'] / MiB:+.1f} MiB, vs memory_optimized "
+          f"{fenced - row['memory_optimized']['real_delta'] / MiB:+.1f} MiB")
+  _common.write_results(args.out, {"min_mib": args.min_mib, "rows": rows})
   print(f"\nwrote {args.out}")
 
 

@@ -11,12 +11,12 @@ DESIGN.md F2; barriers kept, F1).
 """
 
 import argparse
-import json
-import os
 
 import jax
 
+from experiments import _common
 from experiments import workloads
+from experiments._common import MiB
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
@@ -51,10 +51,8 @@ def main():
   }
   print(f"XLA temp bytes at b={args.batch}, s={args.seq} (memory_analysis, ynn fusions off):")
   for name, t in results.items():
-    print(f"  {name:<45} {t / 2**20:>9.1f} MiB")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"dims": dims, "temp_bytes": results}, f, indent=1)
+    print(f"  {name:<45} {t / MiB:>9.1f} MiB")
+  _common.write_results(args.out, {"dims": dims, "temp_bytes": results})
 
 
 if __name__ == "__main__":

@@ -27,11 +27,8 @@ the median over passes is reported.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
-import platform
 import statistics
-import subprocess
 import time
 from typing import Callable
 
@@ -40,13 +37,13 @@ from absl import flags
 import jax
 import numpy as np
 
+from experiments import _common
+from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem import measure
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants
 
-MiB = 2**20
-FENCE = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # keep jax.checkpoint (F1)
+FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint (F1)
 WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
@@ -120,14 +117,8 @@ WORKLOADS = {
 # --- one figure per fresh process (jax_symmem.measure calls these) --------------------------
 
 
-def _bytes(tree) -> int:
-  return sum(x.nbytes for x in jax.tree_util.tree_leaves(tree))
-
-
 def _footprint(exe) -> int:
-  ma = exe.memory_analysis()
-  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-          - ma.alias_size_in_bytes)
+  return _common.xla_memory(exe)["footprint"]
 
 
 def measured(workload: str, variant: str, length: int, budget: int = 0):
@@ -136,7 +127,7 @@ def measured(workload: str, variant: str, length: int, budget: int = 0):
   compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`)."""
   w = WORKLOADS[workload]()
   args = (w.state(), *w.batch(length))
-  extra = {"argument_bytes": _bytes(args)}
+  extra = {"argument_bytes": _common.tree_bytes(args)}
   if variant in ("jit", "per_layer"):
     exe = jax.jit(w.step("layer" if variant == "per_layer" else None)).lower(*args).compile(
         compiler_options=FENCE if variant == "per_layer" else {})
@@ -165,9 +156,8 @@ def _compile_round(analysis, k, dims, args):
 
 
 def _real(workload, variant, length, budget=0) -> dict:
-  m = measure.measure("experiments.bench_models:measured", workload=workload, variant=variant,
-                      length=length, budget=budget)
-  return dict(m.extra, real=m.peak_delta + m.extra["argument_bytes"])
+  return _common.real_peak("experiments.bench_models:measured", workload=workload,
+                           variant=variant, length=length, budget=budget)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -215,20 +205,20 @@ def run_workload(w: Workload, passes: int) -> dict:
     jit_real = _real(w.name, "jit", length)
     ckpt_real = per_layer_long if length == longest else _real(w.name, "per_layer", length)
     last_real = _real(w.name, "last_round", length)
+    row = {
+        "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
+        "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
+        "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
+        "last_round_real_mib": last_real["real"] / MiB,
+        "reach": last_real["real"] / ckpt_real["real"], "budget_mib": budget / MiB}
+    rows.append(row)
     try:
       sym_real = _real(w.name, "symmem", length, budget)
     except RuntimeError as e:   # symmem.jit refused the budget (BudgetError in the child)
-      refused = str(e).strip().splitlines()[-1]
-      print(f"  {dims}: symmem.jit refused: {refused}; last round real "
+      row["symmem_refused"] = str(e).strip().splitlines()[-1]
+      print(f"  {dims}: symmem.jit refused: {row['symmem_refused']}; last round real "
             f"{last_real['real'] / MiB:.1f} MiB, per-layer {ckpt_real['real'] / MiB:.1f}",
             flush=True)
-      rows.append({"dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-                   "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
-                   "jit_real_mib": jit_real["real"] / MiB,
-                   "per_layer_real_mib": ckpt_real["real"] / MiB,
-                   "last_round_real_mib": last_real["real"] / MiB,
-                   "reach": last_real["real"] / ckpt_real["real"], "budget_mib": budget / MiB,
-                   "symmem_refused": refused})
       continue
     # Interleaved timing, in this process (per-layer compiled with barriers kept).
     ckpt_exe = per_layer.lower(*args).compile(compiler_options=FENCE)
@@ -243,19 +233,13 @@ def run_workload(w: Workload, passes: int) -> dict:
     options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
                else jit_lib.FAST_PATH_CPU_OPTIONS)
     same = _close(step(*args), ref.lower(*args).compile(compiler_options=options)(*args))
-    row = {
-        "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-        "model_ok": abs(model0 - xla0) <= 0.1 * xla0 + 8 * MiB,
-        "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
-        "last_round_real_mib": last_real["real"] / MiB,
-        "reach": last_real["real"] / ckpt_real["real"],
-        "budget_mib": budget / MiB, "symmem_real_mib": sym_real["real"] / MiB,
+    row.update({
+        "symmem_real_mib": sym_real["real"] / MiB,
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
-        "within_budget": sym_real["real"] <= 1.05 * budget + 8 * MiB,
+        "within_budget": sym_real["real"] <= _common.budget_limit(budget),
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
-        "step_s": times, "equal_to_jax_jit": same}
-    rows.append(row)
+        "step_s": times, "equal_to_jax_jit": same})
     vs_jit = f"{row['time_vs_jit']:.2f}" if row["time_vs_jit"] else "(jax.jit over)"
     print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB "
           f"[{'ok' if row['model_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
@@ -271,20 +255,13 @@ def run_workload(w: Workload, passes: int) -> dict:
 def main(argv):
   del argv
   names = WORKLOADS_FLAG.value or list(WORKLOADS)
-  rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                       text=True).stdout.strip()
-  out = {"environment": {"jax": jax.__version__, "machine": platform.machine(),
-                         "cpus": os.cpu_count(), "git": rev},
-         "command": "python -m experiments.bench_models --workloads=" + ",".join(names)
-                    + f" --passes={PASSES.value}", "results": []}
-  os.makedirs(os.path.dirname(OUT.value), exist_ok=True)
+  out = {"results": []}
   for n in names:   # written after each workload: a long run keeps what it measured
     w = WORKLOADS[n]()
     if QUICK.value:
       w = dataclasses.replace(w, lengths=tuple(s // 4 for s in w.lengths))
     out["results"].append(dict(run_workload(w, PASSES.value), load=os.getloadavg()))
-    with open(OUT.value, "w") as f:
-      json.dump(out, f, indent=1)
+    _common.write_results(OUT.value, out)
   print(f"wrote {OUT.value}")
 
 

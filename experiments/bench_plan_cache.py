@@ -6,16 +6,16 @@ shape graph, schedule, remat rounds; with the cache warm: tracing, shape graph,
 replaying the stored rounds). The first process plans and stores the plan; the
 next ones (another PYTHONHASHSEED each) load it. Each warm process checks that
 its rounds' modeled peaks equal the cold plan's at a few shapes. With
---first-call each process then times `symmem.jit`'s first call (a fresh
+--first_call each process then times `symmem.jit`'s first call (a fresh
 `SymmemFunction` under a budget: analysis again, under another plan key than the
 budget-less analysis above, so the cold process plans it from scratch and later
 processes load it; plus XLA's compiles, from JAX's persistent compilation cache
 once stored).
 
-  python experiments/bench_plan_cache.py [--preset small] [--scan] [--warm 2]
-                                         [--first-call] [--budget-mib 256]
+  python -m experiments.bench_plan_cache [--preset small] [--scan] [--warm 2]
+                                          [--first_call] [--budget_mib 256] [--out PATH]
 
-Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json.
+Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json (or --out).
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ import sys
 import tempfile
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # also run as `python experiments/bench_plan_cache.py`
+
+from experiments import _common  # noqa: E402
+from experiments._common import MiB  # noqa: E402
+
 DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
 
 _CHILD = """
@@ -85,12 +90,15 @@ def main() -> None:
   parser.add_argument("--preset", default="small")
   parser.add_argument("--scan", action="store_true", help="nn.scan over the layers")
   parser.add_argument("--warm", type=int, default=2, help="warm processes after the cold one")
-  parser.add_argument("--first-call", action="store_true",
+  parser.add_argument("--first_call", action="store_true",
                       help="also time symmem.jit's first call (b=2, s=128) with JAX's persistent "
                            "compilation cache in the same directory")
-  parser.add_argument("--budget-mib", type=int, default=256)
+  parser.add_argument("--budget_mib", type=int, default=256,
+                      help="symmem.jit's budget for --first_call")
+  parser.add_argument("--out", default=None,
+                      help="default experiments/results/bench_plan_cache[_scan]_<preset>.json")
   args = parser.parse_args()
-  budget = args.budget_mib * 2**20
+  budget = args.budget_mib * MiB
   with tempfile.TemporaryDirectory() as cache_dir:
     xla = os.path.join(cache_dir, "xla") if args.first_call else None
     cold = _run(cache_dir, args.preset, args.scan, 1, xla, budget)
@@ -117,10 +125,9 @@ def main() -> None:
             "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
             "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),
             "python": platform.python_version()}
-  out = ROOT / "experiments" / "results" / (
+  out = args.out or ROOT / "experiments" / "results" / (
       f"bench_plan_cache{'_scan' if args.scan else ''}_{args.preset}.json")
-  out.write_text(json.dumps(result, indent=1) + "\n")
-  print(f"wrote {out.relative_to(ROOT)}")
+  print(f"wrote {_common.write_results(out, result)}")
 
 
 if __name__ == "__main__":

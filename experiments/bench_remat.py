@@ -21,8 +21,8 @@ For the transformer training step of jax_symmem/examples/transformer.py (f32):
 Real peak = peak_delta (VmHWM - VmRSS around the measured call) + the bytes of the step's
 arguments (params, tokens, mask), which are resident before the call.
 
-  python experiments/bench_remat.py            # the full run (~10-15 min on 2 cores)
-  python experiments/bench_remat.py --quick    # smoke run: 2 small layers, short lengths
+  python -m experiments.bench_remat            # the full run (~10-15 min on 2 cores)
+  python -m experiments.bench_remat --quick    # smoke run: 2 small layers, short lengths
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ import argparse
 import concurrent.futures
 import dataclasses
 import gc
-import json
 import os
 import statistics
 import sys
@@ -43,14 +42,14 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
 import jax_symmem as symmem  # noqa: E402
-from jax_symmem import measure  # noqa: E402
 from jax_symmem._src import jit as jit_lib  # noqa: E402  (reads CPU_COMPILER_OPTIONS only)
 from jax_symmem.examples import transformer  # noqa: E402
+from experiments import _common  # noqa: E402
 from experiments import workloads  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 
-MiB = 2**20
 POLICIES = ("nothing_saveable", "dots_saveable", "dots_with_no_batch_dims_saveable")
-FENCE = workloads.REMAT_FENCE_OPTIONS
+FENCE = _common.REMAT_FENCE_OPTIONS
 
 
 def _mib(x):
@@ -65,23 +64,21 @@ def _fmt(x, width=8, prec=1):
 
 def _measure_baseline(batch, seq, cfg, policy, fenced):
   t = time.perf_counter()
-  m = measure.measure("experiments.workloads:remat_baseline_step", batch=batch, seq=seq, cfg=cfg,
-                      policy=policy, fenced=fenced)
-  return {"policy": policy, "fenced": fenced, "seq": seq, "peak_delta": m.peak_delta,
-          "argument_bytes": m.extra["argument_bytes"],
-          "real": m.peak_delta + m.extra["argument_bytes"], "xla": m.extra["xla"],
-          "compiler_options": m.extra["compiler_options"],
+  m = _common.real_peak("experiments.workloads:remat_baseline_step", batch=batch, seq=seq,
+                        cfg=cfg, policy=policy, fenced=fenced)
+  return {"policy": policy, "fenced": fenced, "seq": seq, "peak_delta": m["peak_delta"],
+          "argument_bytes": m["argument_bytes"], "real": m["real"], "xla": m["xla"],
+          "compiler_options": m["compiler_options"],
           "seconds": round(time.perf_counter() - t, 1)}
 
 
 def _measure_symmem(batch, seq, cfg, budget, constraints):
   t = time.perf_counter()
-  m = measure.measure("experiments.workloads:remat_symmem_step", batch=batch, seq=seq, cfg=cfg,
-                      budget=budget, constraints=list(constraints))
-  e = dict(m.extra)
+  e = _common.real_peak("experiments.workloads:remat_symmem_step", batch=batch, seq=seq,
+                        cfg=cfg, budget=budget, constraints=list(constraints))
   info = e["cache_info"]
-  return {"seq": seq, "peak_delta": m.peak_delta, "argument_bytes": e["argument_bytes"],
-          "real": m.peak_delta + e["argument_bytes"], "round": e["round"],
+  return {"seq": seq, "peak_delta": e["peak_delta"], "argument_bytes": e["argument_bytes"],
+          "real": e["real"], "round": e["round"],
           "model_round": e["model_round"], "n_rounds": e["n_rounds"],
           "model_peak_dispatched": e["model_peak_dispatched"], "xla": e["xla"],
           "first_call_s": e["first_call_s"], "cache_info": info, "executables": e["executables"],
@@ -199,8 +196,9 @@ def main(argv=None) -> int:
   parser.add_argument("--d_ff", type=int, default=688)
   parser.add_argument("--n_layers", type=int, default=4)
   parser.add_argument("--max_batch", type=int, default=4, help="constraint b <= this")
-  parser.add_argument("--reps", type=int, default=7, help="timed calls per variant and length")
-  parser.add_argument("--dispatch_reps", type=int, default=2000)
+  parser.add_argument("--repeats", type=int, default=7, help="timed calls per variant and length")
+  parser.add_argument("--dispatch_repeats", type=int, default=2000,
+                      help="symmem.jit calls timed for the dispatch overhead")
   parser.add_argument("--jobs", type=int, default=2,
                       help="measurement subprocesses at once (memory only; timing runs alone)")
   parser.add_argument("--quick", action="store_true", help="smoke run: small model, short lengths")
@@ -209,7 +207,7 @@ def main(argv=None) -> int:
   if a.quick:
     a.lengths = a.lengths or "16,32,64,128,256"
     a.vocab, a.d_model, a.n_heads, a.d_ff, a.n_layers = 128, 64, 2, 172, 2
-    a.reps, a.dispatch_reps = 2, 400
+    a.repeats, a.dispatch_repeats = 2, 400
     if a.out == parser.get_default("out"):
       a.out = "experiments/results/bench_remat_quick.json"
   lengths = sorted(int(x) for x in (a.lengths or "64,128,256,512,1024").split(",") if x.strip())
@@ -238,7 +236,7 @@ def main(argv=None) -> int:
   t_baselines = time.perf_counter() - t
   nope_long = base[(longest, None, True)]["real"]
   layer_long = base[(longest, "layer", True)]["real"]
-  budget = (nope_long + layer_long) // 2
+  budget = _common.budget_between(layer_long, nope_long)
   if not a.quick:
     check(f"no-remat real peak at s={longest} >= 200 MiB", nope_long >= 200 * MiB,
           f"{nope_long / MiB:.1f} MiB")
@@ -254,7 +252,7 @@ def main(argv=None) -> int:
   t_symmem_measure = time.perf_counter() - t
 
   # --- dispatch overhead (this process, before anything else is live) -----------------
-  overhead = _dispatch_overhead(a.dispatch_reps, budget)
+  overhead = _dispatch_overhead(a.dispatch_repeats, budget)
 
   # --- 3./4. analysis, numerics and timing (this process) -----------------------------
   step_fn = transformer.make_train_step(cfg)
@@ -287,8 +285,7 @@ def main(argv=None) -> int:
     s = row["seq"]
     args = transformer.example_args(cfg, batch, s)
     # what symmem.jit will see as held by other live arrays (it adds this to the modeled peak)
-    row["reserved_here"] = max(0, jit_lib._live_bytes() - sum(
-        x.nbytes for x in jax.tree_util.tree_leaves(args)))
+    row["reserved_here"] = max(0, jit_lib._live_bytes() - _common.tree_bytes(args))
     got = jax.block_until_ready(step(*args))
     row["round_here"] = [v.round for v in step.compiled(b=batch, s=s)]
     want = jax.block_until_ready(ref(*args))
@@ -321,7 +318,7 @@ def main(argv=None) -> int:
     elif best_policy not in (None, "layer"):
       fns[best_policy] = _baseline_compiled(cfg, args, best_policy)
     compiles_before = step.cache_info()["compiles"]
-    times = _time_calls(fns, args, a.reps)
+    times = _time_calls(fns, args, a.repeats)
     row["times"] = times
     row["timing_compiles"] = step.cache_info()["compiles"] - compiles_before
     row["round_timed"] = [v.round for v in step.compiled(b=batch, s=s)]
@@ -340,7 +337,7 @@ def main(argv=None) -> int:
     row["symmem_real"] = m["real"]
     row["nope_real"] = base[(s, None, True)]["real"]
     row["layer_real"] = base[(s, "layer", True)]["real"]
-    limit = budget * 1.05 + 8 * MiB
+    limit = _common.budget_limit(budget)
     check(f"s={s}: symmem real <= budget*1.05 + 8 MiB", m["real"] <= limit,
           f"{m['real'] / MiB:.1f} vs {limit / MiB:.1f} MiB (round {m['round']})")
     check(f"s={s}: measured call was a cache hit", m["measured_call_was_hit"], str(m["cache_info"][-1]))
@@ -391,7 +388,7 @@ def main(argv=None) -> int:
   print(hdr)
   for row in rows:
     s, m = row["seq"], sym[row["seq"]]
-    limit_ok = m["real"] <= budget * 1.05 + 8 * MiB
+    limit_ok = m["real"] <= _common.budget_limit(budget)
     print(f"{s:>5} {row['nope_real'] / MiB:7.1f} {row['layer_real'] / MiB:7.1f} {m['real'] / MiB:7.1f} "
           f"{'ok' if limit_ok else 'FAIL':>5} {m['round']:>3}({m['model_round']:>2}) "
           f"{m['xla'].get('footprint', 0) / MiB:7.1f} {m['model_peak_dispatched'] / MiB:7.1f} "
@@ -417,7 +414,7 @@ def main(argv=None) -> int:
           f"{p['max_rel_ref_ge_1e-3']:.2e}, n>rtol {p['n_over_pure_rtol']}; {'ok' if n['ok'] else 'FAIL'}"
           f"  | floor: max abs {f['max_abs']:.2e}, max rel {f['max_rel']:.2e}, n>rtol {f['n_over_pure_rtol']}")
   print()
-  print(f"5. step time, median of {a.reps} warm calls in this process (seconds; ratio = symmem / other);")
+  print(f"5. step time, median of {a.repeats} warm calls in this process (seconds; ratio = symmem / other);")
   print(f"   'best' = {best_policy} (fastest policy fitting the budget at s={longest}), used at every length")
   print("   'fits?' = jax.jit's measured real peak <= budget at that length; 'jit+opt' = jax.jit compiled with")
   print("   symmem.jit's CPU options, no remat (what those options alone cost); round = dispatched here")
@@ -456,20 +453,18 @@ def main(argv=None) -> int:
              "timing_s": t_timing, "total_s": runtime}
   print("runtime: " + ", ".join(f"{k} {v:.0f}" for k, v in timings.items()))
 
-  os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
-  with open(a.out, "w") as f:
-    json.dump({
-        "config": cfg_kw, "batch": batch, "lengths": lengths, "constraints": constraints,
-        "quick": a.quick, "jax": jax.__version__, "budget": budget,
-        "fence_options": FENCE, "symmem_options": jit_lib.CPU_COMPILER_OPTIONS,
-        "real_peak_definition": "peak_delta + argument bytes (params, tokens, mask)",
-        "baselines": [dict(v, key=list(k)) for k, v in base.items()],
-        "symmem": list(sym.values()), "rows": rows, "fitting_policies": fitting,
-        "best_policy": best_policy, "dispatch_overhead": overhead,
-        "analysis_stats": dict(analysis.stats), "plan": analysis.plan,
-        "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
-        "timings_s": timings,
-    }, f, indent=1, default=str)
+  _common.write_results(a.out, {
+    "config": cfg_kw, "batch": batch, "lengths": lengths, "constraints": constraints,
+    "quick": a.quick, "jax": jax.__version__, "budget": budget,
+    "fence_options": FENCE, "symmem_options": jit_lib.CPU_COMPILER_OPTIONS,
+    "real_peak_definition": "peak_delta + argument bytes (params, tokens, mask)",
+    "baselines": [dict(v, key=list(k)) for k, v in base.items()],
+    "symmem": list(sym.values()), "rows": rows, "fitting_policies": fitting,
+    "best_policy": best_policy, "dispatch_overhead": overhead,
+    "analysis_stats": dict(analysis.stats), "plan": analysis.plan,
+    "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
+    "timings_s": timings,
+  })
   print(f"wrote {a.out}")
   return 0 if not failed else 1
 

@@ -18,8 +18,8 @@ one symbolic schedule for every shape, and at each sequence length:
 
 It also times scheduling: the symbolic schedule once vs the static one per shape.
 
-  python experiments/bench_schedule.py [--lengths 64,128,256,512,1024] [--batch 4]
-                                       [--real | --no-real] [--repeats 2] [--cached] [--quick]
+  python -m experiments.bench_schedule [--lengths 64,128,256,512,1024] [--batch 4]
+                                       [--real | --noreal] [--repeats 2] [--cached] [--quick]
 
 Prints a table and writes experiments/results/bench_schedule.json.
 
@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import pathlib
-import platform
 import statistics
 import sys
 import time
@@ -46,22 +44,19 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 
+from experiments import _common  # noqa: E402
 from experiments import workloads  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 from jax_symmem import measure as measure_lib  # noqa: E402
 from jax_symmem._src import compare as compare_lib  # noqa: E402
 from jax_symmem._src import memory  # noqa: E402
 from jax_symmem._src import schedule as schedule_lib  # noqa: E402
 from jax_symmem.examples import transformer  # noqa: E402
 
-MiB = 2 ** 20
 WORKLOAD = "experiments.workloads:reference_executor"
 CACHED_WORKLOAD = "experiments.workloads:reference_executor_cached"
 REL_TOL, ABS_TOL = 0.05, 8 * MiB
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "bench_schedule.json"
-
-
-def _mib(x) -> float | None:
-  return None if x is None else round(x / MiB, 3)
 
 
 def _within(real: int, model: int) -> bool:
@@ -90,8 +85,8 @@ def main(argv=None) -> int:
   parser.add_argument("--lengths", default="64,128,256,512,1024",
                       help="comma-separated sequence lengths (the trace allows 2 <= s <= 1024)")
   parser.add_argument("--batch", type=int, default=4, help="batch size (the trace allows b <= 16)")
-  parser.add_argument("--real", action=argparse.BooleanOptionalAction, default=True,
-                      help="measure the reference executor's real peak (fresh process per figure)")
+  _common.add_bool_flag(parser, "real", True,
+                        "measure the reference executor's real peak (fresh process per figure)")
   parser.add_argument("--repeats", type=int, default=2, help="real measurements per length and order")
   parser.add_argument("--cached", action="store_true",
                       help="also measure reference_executor_cached (one specialized program for "
@@ -160,8 +155,7 @@ def main(argv=None) -> int:
     L = row["seq"]
     if L not in real_lengths:
       continue
-    params, tokens, mask = transformer.example_args(workloads.CONFIG, batch, L)
-    arg_bytes = sum(int(x.nbytes) for x in jax.tree_util.tree_leaves((params, tokens, mask)))
+    arg_bytes = _common.tree_bytes(transformer.example_args(workloads.CONFIG, batch, L))
     row["real_argument_bytes"] = arg_bytes
     variants = [("", WORKLOAD)] + ([("cached_", CACHED_WORKLOAD)] if args.cached else [])
     for (prefix, workload), key in itertools.product(variants, ("trace", "symbolic")):
@@ -284,8 +278,7 @@ def main(argv=None) -> int:
                  "repeats": args.repeats, "quick": args.quick, "cached": args.cached,
                  "workloads": [WORKLOAD] + ([CACHED_WORKLOAD] if args.cached else []),
                  "tolerance": {"relative": REL_TOL, "absolute_bytes": ABS_TOL}},
-      "environment": {"jax": jax.__version__, "python": platform.python_version(),
-                      "machine": platform.machine(), "backend": jax.default_backend()},
+      "environment": {"backend": jax.default_backend()},
       "ops": len(program.nodes),
       "tight_dims": {k: tight[k] for k in ("b", "s")},
       "schedules": {
@@ -300,10 +293,7 @@ def main(argv=None) -> int:
       "rows": rows,
       "all_symbolic_le_trace": all(r["check_symbolic_le_trace"] for r in rows),
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1, default=str))
-  print(f"wrote {path}")
+  print(f"wrote {_common.write_results(args.out, out)}")
   return 0 if out["all_symbolic_le_trace"] else 1
 
 

@@ -17,7 +17,7 @@ the constraints `s >= 2, s <= max_len, b <= max_batch`, then the pipeline of
   budget); the forward list schedule, ablation vs symbolic, alone (where the
   comparisons act) and after the local sink pass; the remat floor (smallest peak over the rounds) on the symbolic and on the
   ablation schedule; and the peak dispatched under a budget of
-  --budget-fraction of the trace-order peak at the longest length;
+  --budget_fraction of the trace-order peak at the longest length;
 * analysis time per stage (wall, and CPU: the machine may be shared), number
   of nodes, the worker's max RSS.
 
@@ -33,14 +33,14 @@ Workloads (each runs in its own process, so a slow one can be cut off):
              `pip install -e ".[experiments]"`), a random LlamaConfig of the llama
              preset's geometry, no download; the same loss and AdamW step
   llama2_1b  llama PRESETS["llama2_1b"] (1.26 B parameters, bf16 activations), analysis
-             only; skipped with a flag when it exceeds --timeout-1b (it needs about 10
+             only; skipped with a flag when it exceeds --timeout_1b (it needs about 10
              minutes on 2 shared cores; its full run:
-             --workloads llama2_1b --timeout-1b 2400 --out experiments/results/decisions_llama2_1b.json)
+             --workloads llama2_1b --timeout_1b 2400 --out experiments/results/decisions_llama2_1b.json)
 
   python -m experiments.decisions [--workloads llama,gpt2,hf_llama,llama2_1b] [--batch 4]
-                                  [--lengths 64,256,512,1024] [--max-len 1024] [--max-batch 8]
-                                  [--budget-fraction 0.5] [--timeout 1800] [--timeout-1b 300]
-                                  [--no-ablation-remat] [--quick]
+                                  [--lengths 64,256,512,1024] [--max_len 1024] [--max_batch 8]
+                                  [--budget_fraction 0.5] [--timeout 1800] [--timeout_1b 300]
+                                  [--noablation_remat] [--quick]
 
 Prints a table and writes experiments/results/decisions.json. Shapes only: no
 parameter is materialized (`jax.eval_shape`), so the 1 B preset needs no 14 GiB.
@@ -54,7 +54,6 @@ import dataclasses
 import json
 import os
 import pathlib
-import platform
 import resource
 import signal
 import subprocess
@@ -64,7 +63,9 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
-MiB = 2 ** 20
+from experiments import _common  # noqa: E402
+from experiments._common import MiB  # noqa: E402
+
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "decisions.json"
 WORKLOADS = ("llama", "llama_scan", "gpt2", "hf_llama", "llama2_1b")
 SHAPES = (None, "b, s", "b, s")
@@ -445,16 +446,16 @@ def main(argv=None) -> int:
   parser.add_argument("--workloads", default=",".join(WORKLOADS),
                       help=f"comma-separated, from {', '.join(WORKLOADS)}")
   parser.add_argument("--lengths", default="64,256,512,1024",
-                      help="comma-separated sequence lengths (at most --max-len)")
+                      help="comma-separated sequence lengths (at most --max_len)")
   parser.add_argument("--batch", type=int, default=4, help="batch size of the reported peaks")
-  parser.add_argument("--max-len", type=int, default=1024, help="constraint s <= max_len")
-  parser.add_argument("--max-batch", type=int, default=8, help="constraint b <= max_batch")
-  parser.add_argument("--budget-fraction", type=float, default=0.5,
+  parser.add_argument("--max_len", type=int, default=1024, help="constraint s <= max_len")
+  parser.add_argument("--max_batch", type=int, default=8, help="constraint b <= max_batch")
+  parser.add_argument("--budget_fraction", type=float, default=0.5,
                       help="budget = this x trace-order peak at (batch, longest length); 0: none")
-  parser.add_argument("--ablation-remat", action=argparse.BooleanOptionalAction, default=True,
-                      help="also plan remat rounds on the ablation's schedule")
+  _common.add_bool_flag(parser, "ablation_remat", True,
+                        "also plan remat rounds on the ablation's schedule")
   parser.add_argument("--timeout", type=float, default=1800, help="seconds per workload")
-  parser.add_argument("--timeout-1b", type=float, default=300,
+  parser.add_argument("--timeout_1b", type=float, default=300,
                       help="seconds for llama2_1b (skipped with a flag past it)")
   parser.add_argument("--quick", action="store_true",
                       help="smoke run: tiny presets, s <= 256, lengths 16,64,256, batch 2")
@@ -477,9 +478,9 @@ def main(argv=None) -> int:
     parser.error(f"unknown workloads {sorted(unknown)}")
   args.load_start = " ".join(f"{x:.2f}" for x in os.getloadavg())
   child_argv = ["--batch", str(args.batch), "--lengths", ",".join(map(str, args.lengths)),
-                "--max-len", str(args.max_len), "--max-batch", str(args.max_batch),
-                "--budget-fraction", str(args.budget_fraction),
-                "--ablation-remat" if args.ablation_remat else "--no-ablation-remat"]
+                "--max_len", str(args.max_len), "--max_batch", str(args.max_batch),
+                "--budget_fraction", str(args.budget_fraction),
+                "--ablation_remat" if args.ablation_remat else "--noablation_remat"]
   child_argv += ["--quick"] if args.quick else []
   t_start = time.perf_counter()
   results = []
@@ -498,11 +499,6 @@ def main(argv=None) -> int:
   print(f"\ntotal runtime: {runtime:.1f} s; load average at end "
         + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
-  try:
-    import transformers
-    tf_version = transformers.__version__
-  except ImportError:
-    tf_version = None
   out = {
       "benchmark": "decisions",
       "config": {"workloads": names, "batch": args.batch, "lengths": args.lengths,
@@ -510,16 +506,12 @@ def main(argv=None) -> int:
                  "budget_fraction": args.budget_fraction, "ablation_remat": args.ablation_remat,
                  "timeout": args.timeout, "timeout_1b": args.timeout_1b, "quick": args.quick,
                  "polymorphic_shapes": ["None", "b, s", "b, s"]},
-      "environment": {"jax": jax.__version__, "transformers": tf_version,
-                      "python": platform.python_version(), "cpus": os.cpu_count(),
+      "environment": {"transformers": _common.package_version("transformers"),
                       "load_average_start": args.load_start},
       "results": results,
       "runtime_seconds": round(runtime, 1),
   }
-  path = pathlib.Path(args.out)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  path.write_text(json.dumps(out, indent=1, default=str) + "\n")
-  print(f"wrote {path}")
+  print(f"wrote {_common.write_results(args.out, out)}")
   return 1 if any(r.get("failed") for r in results) else 0
 
 

@@ -29,7 +29,6 @@ import collections
 import contextlib
 import dataclasses
 import gc
-import json
 import logging as py_logging
 import math
 import os
@@ -43,13 +42,13 @@ from absl import logging as absl_logging  # noqa: E402
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
+from experiments import _common  # noqa: E402
+from experiments._common import MiB  # noqa: E402
 from jax_symmem._src import jit as jit_lib  # noqa: E402  (reads MAX_RECOMPILES only)
 from jax_symmem.measure import MMAP_THRESHOLD, proc_status  # noqa: E402
 from jax_symmem.measure import reset_high_water_mark  # noqa: E402
 from jax_symmem.examples import batching  # noqa: E402
 from jax_symmem.examples import llama  # noqa: E402
-
-MiB = 2**20
 
 
 # --- data and budget --------------------------------------------------------------------------
@@ -90,7 +89,7 @@ def pick_budget(cfg, args, *, frac: float, max_len: int, max_batch: int):
   dims = {"b": max_batch, "s": max_len}
   peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
   lo, hi = min(peaks), peaks[0]
-  budget = int(lo + frac * (hi - lo))
+  budget = _common.budget_between(lo, hi, frac)
   return budget, {"dims": dims, "round_peaks": peaks, "no_remat_peak": hi, "min_peak": lo,
                   "min_round": peaks.index(lo), "frac": frac}
 
@@ -118,10 +117,6 @@ def capture_logs(*names: str):
 
 
 # --- the loop -----------------------------------------------------------------------------
-
-def _tree_bytes(tree) -> int:
-  return sum(getattr(x, "nbytes", 0) for x in jax.tree_util.tree_leaves(tree))
-
 
 def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: int, *,
               measure_hwm: bool = False, progress_every: int = 0, rss_every: int = 50):
@@ -193,7 +188,7 @@ def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: 
 
   # The step's arguments are resident before each call: the F3 "real peak" adds them back.
   longest = max(first)
-  arg_bytes = _tree_bytes(state) + sum(x.nbytes for x in first[longest])
+  arg_bytes = _common.tree_bytes((state, first[longest]))
   results = {
       "steps": steps, "warmup_steps": len(warm_records), "budget": budget,
       "cache_info_start": info0, "cache_info_after_warmup": info_warm, "cache_info": info,
@@ -210,7 +205,7 @@ def soak_loop(step, make_state: Callable[[], Any], batches, steps: int, budget: 
       "warnings": sum(lv >= py_logging.WARNING for _, lv, _ in logs),
       "rss_base": rss_base, "rss_samples": rss_samples, "hwm": hwm,
       "hwm_delta": None if hwm is None else hwm - rss_base,
-      "argument_bytes_longest": arg_bytes, "state_bytes": _tree_bytes(state),
+      "argument_bytes_longest": arg_bytes, "state_bytes": _common.tree_bytes(state),
       "shapes": [list(s) for s in first],
   }
   return state, results
@@ -342,7 +337,7 @@ def main(argv=None) -> int:
   if res["hwm_delta"] is not None:
     # bench_remat's criterion for a real peak against the budget
     real_peak = res["hwm_delta"] + res["argument_bytes_longest"]
-    tol = budget * 1.05 + 8 * MiB
+    tol = _common.budget_limit(budget)
     check("real peak (VmHWM delta + argument bytes) <= budget x 1.05 + 8 MiB",
           real_peak <= tol, f"{real_peak / MiB:.1f} vs {tol / MiB:.1f} MiB")
 
@@ -392,22 +387,20 @@ def main(argv=None) -> int:
     print(f"{'PASS' if ok else 'FAIL'}: {name}" + (f" ({detail})" if detail else ""))
   print(f"checks: {len(checks) - len(failed)} of {len(checks)} passed; runtime {runtime:.0f} s")
 
-  os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
   summary = {k: v for k, v in res.items() if k not in ("records", "warmup_records")}
-  with open(a.out, "w") as f:
-    json.dump({
-        "args": vars(a), "config": dataclasses.asdict(cfg),
-        "jax": jax.__version__, "budget": budget, "budget_choice": budget_info,
-        "buckets": {str(s): n for (_, s), n in sorted(shapes.items())},
-        "rows": rows, "summary": summary, "real_peak": real_peak,
-        "variants": step.variants(), "max_recompiles": jit_lib.MAX_RECOMPILES,
-        "timings_s": {"probe": t_probe, "analysis": t_analysis, "warmup": res["warmup_s"],
-                      "soak": res["wall_s"], "total": runtime},
-        # per step: s, round, xla_bytes, reserved, dt, loss (compact)
-        "steps": [[r["s"], r["round"], r["xla_bytes"], r["reserved"], round(r["dt"], 4),
-                   round(r["loss"], 4)] for r in res["records"]],
-        "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
-    }, f, indent=1, default=str)
+  _common.write_results(a.out, {
+    "args": vars(a), "config": dataclasses.asdict(cfg),
+    "jax": jax.__version__, "budget": budget, "budget_choice": budget_info,
+    "buckets": {str(s): n for (_, s), n in sorted(shapes.items())},
+    "rows": rows, "summary": summary, "real_peak": real_peak,
+    "variants": step.variants(), "max_recompiles": jit_lib.MAX_RECOMPILES,
+    "timings_s": {"probe": t_probe, "analysis": t_analysis, "warmup": res["warmup_s"],
+                  "soak": res["wall_s"], "total": runtime},
+    # per step: s, round, xla_bytes, reserved, dt, loss (compact)
+    "steps": [[r["s"], r["round"], r["xla_bytes"], r["reserved"], round(r["dt"], 4),
+               round(r["loss"], 4)] for r in res["records"]],
+    "checks": [{"name": n, "ok": o, "detail": d} for n, o, d in checks],
+  })
   print(f"wrote {a.out}")
   return 0 if not failed else 1
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import resource
 import sys
@@ -40,16 +39,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from experiments import _common
+from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem import measure
 from jax_symmem.examples import batching
 from jax_symmem.examples import llama
 
-MiB = 2**20
 VARIANTS = ("static", "jit", "ckpt", "symmem")
 LABELS = {"static": "(a) static, padded", "jit": "(b) jax.jit", "ckpt": "(c) per-layer ckpt",
           "symmem": "(d) symmem.jit"}
-REMAT_FENCE_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}   # F1
 # The main job's embedded default: small enough for 2 CPU cores in a few minutes.
 DEMO_CONFIG = llama.LlamaConfig(vocab=2048, d_model=128, n_layers=2, n_heads=4, d_ff=344,
                                 max_len=768)
@@ -90,7 +88,7 @@ def build(variant: str, cfg: llama.LlamaConfig, batch: int, budget: int | None, 
   if variant == "jit":
     return PerShapeJit(step_fn), same
   if variant == "ckpt":
-    return PerShapeJit(step_fn, REMAT_FENCE_OPTIONS), same
+    return PerShapeJit(step_fn, _common.REMAT_FENCE_OPTIONS), same
   if variant == "symmem":
     return symmem.jit(step_fn, polymorphic_shapes=(None, "b, s", "b, s"),
                       constraints=llama.step_constraints(max_len, batch),
@@ -108,7 +106,7 @@ def workload(variant: str, cfg: dict, batch: int, seq: int, budget: int | None, 
   state = llama.init_state(config)
   tokens, mask = prepare(*map(np.asarray, llama.example_batch(config, batch, seq)))
   args = (state, jnp.asarray(tokens), jnp.asarray(mask))
-  extra = {"argument_bytes": sum(x.nbytes for x in jax.tree_util.tree_leaves(args))}
+  extra = {"argument_bytes": _common.tree_bytes(args)}
 
   def call(*a):
     out = step(*a)
@@ -121,9 +119,8 @@ def workload(variant: str, cfg: dict, batch: int, seq: int, budget: int | None, 
 
 
 def measure_real(variant, cfg, batch, seq, budget, max_len) -> dict:
-  m = measure.measure("experiments.table1:workload", variant=variant, cfg=cfg, batch=batch,
-                      seq=seq, budget=budget, max_len=max_len)
-  return dict(m.extra, seq=seq, real=m.peak_delta + m.extra["argument_bytes"])
+  return dict(_common.real_peak("experiments.table1:workload", variant=variant, cfg=cfg,
+                                batch=batch, seq=seq, budget=budget, max_len=max_len), seq=seq)
 
 
 class Progress:
@@ -150,7 +147,7 @@ def choose_budget(real_jit: int, real_ckpt: int, model_round0: int) -> int:
   below what the model says (d) needs without evictions, so (d) must run a remat
   round there; above (c)'s, so a step that fits exists.
   """
-  return (real_ckpt + min(real_jit, model_round0)) // 2
+  return _common.budget_between(real_ckpt, min(real_jit, model_round0))
 
 
 def format_rounds(counts: dict) -> str:
@@ -322,7 +319,7 @@ def checks(rows) -> list[tuple[str, bool, str]]:
   for r in rows:
     b, budget, real, model = r["batch"], r["budget"], r["real"], r["model"]
     longest = r["buckets"][-1]
-    slack = budget * 1.05 + 8 * MiB
+    slack = _common.budget_limit(budget)
     out.append((f"b={b}: (b) jax.jit over the budget at the longest bucket",
                 real["jit"]["real"] > budget, f"{real['jit']['real'] / MiB:.1f} > {budget / MiB:.1f}"))
     for k in ("symmem", "symmem_median"):
@@ -359,7 +356,7 @@ def print_table(cfg, rows, out=sys.stdout):
       f"{'vs (b)':>7} {'compiles':>8}  rounds")
     for v in VARIANTS:
       real, model, info = r["real"][v]["real"], r["model"][v], r["variants"][v]
-      verdict = "OOM" if real > r["budget"] * 1.05 + 8 * MiB else "fits"
+      verdict = "OOM" if real > _common.budget_limit(r["budget"]) else "fits"
       rounds = "-"
       if "rounds_per_pass" in info:
         run = rounds_run(info)
@@ -472,12 +469,11 @@ def main(argv=None):
   cpu = sum(u.ru_utime + u.ru_stime for u in usage)
   print(f"\ntotal {time.perf_counter() - t0:.0f} s wall, {cpu:.0f} s CPU (this process and its "
         f"measurement processes), load average {os.getloadavg()[0]:.1f}")
-  os.makedirs(os.path.dirname(out_path), exist_ok=True)
-  with open(out_path, "w") as f:
-    json.dump({"config": dataclasses.asdict(cfg), "rows": rows, "steps": steps, "passes": a.passes,
-               "load_average": os.getloadavg(),
-               "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in results],
-               "jax": jax.__version__, "cpus": os.cpu_count()}, f, indent=1, default=str)
+  _common.write_results(out_path, {
+      "config": dataclasses.asdict(cfg), "rows": rows, "steps": steps, "passes": a.passes,
+      "load_average": os.getloadavg(),
+      "checks": [{"name": n, "ok": ok, "detail": d} for n, ok, d in results],
+      "jax": jax.__version__, "cpus": os.cpu_count()})
   print(f"wrote {out_path}")
   png = out_path.rsplit(".", 1)[0] + ".png"
   if plot(cfg, rows, png):

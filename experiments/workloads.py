@@ -5,6 +5,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
+from experiments import _common
 import jax_symmem as symmem
 from jax_symmem._src import executor
 from jax_symmem._src import memory
@@ -62,16 +63,13 @@ def compiled_step(batch: int, seq: int, mode: str = "default", min_mib: float = 
              else schedule.schedule(graph).order)
     program = traced.specialize(**dims)
     sizes = {v: graph.bytes(v).evaluate(dims) for v in graph.values}
-    significant = fence.significant_nodes(sizes, program, int(min_mib * 2**20))
+    significant = fence.significant_nodes(sizes, program, int(min_mib * _common.MiB))
     fn = jax.jit(fence.ordered_function(program, order, significant))
     opts = dict(fence.FENCE_COMPILER_OPTIONS)
     if mode.endswith("_memopt"):
       opts["xla_cpu_scheduler_type"] = "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED"
   compiled = fn.lower(*flat).compile(compiler_options=opts)
-  ma = compiled.memory_analysis()
-  extra = {"temp": ma.temp_size_in_bytes, "arguments": ma.argument_size_in_bytes,
-           "outputs": ma.output_size_in_bytes}
-  return compiled, flat, extra
+  return compiled, flat, _common.xla_memory(compiled)
 
 
 def reference_executor_cached(batch: int, seq: int, order: str = "trace"):
@@ -94,36 +92,19 @@ def reference_executor_cached(batch: int, seq: int, order: str = "trace"):
 
 # --- experiments/bench_remat.py: symmem.jit under a budget vs jax.checkpoint -------------------
 
-# Per-layer jax.checkpoint baselines are compiled with these options unless `fenced=False`:
-# XLA:CPU otherwise merges the recomputation back into the forward pass (DESIGN.md F1).
-REMAT_FENCE_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 REMAT_SHAPES = (None, "b, s", "b, s")
-
-
-def _memory_analysis(compiled) -> dict:
-  ma = compiled.memory_analysis()
-  if ma is None:
-    return {}
-  return {"temp": ma.temp_size_in_bytes, "arguments": ma.argument_size_in_bytes,
-          "outputs": ma.output_size_in_bytes, "alias": ma.alias_size_in_bytes,
-          "footprint": (ma.argument_size_in_bytes + ma.output_size_in_bytes
-                        + ma.temp_size_in_bytes - ma.alias_size_in_bytes)}
-
-
-def _argument_bytes(args) -> int:
-  return sum(x.nbytes for x in jax.tree_util.tree_leaves(args))
 
 
 def remat_baseline_step(batch: int, seq: int, cfg: dict, policy=None, fenced: bool = True):
   """The transformer step under plain jax.jit: no remat (policy None) or per-layer
   jax.checkpoint ("layer" or a jax.checkpoint_policies name), compiled with
-  REMAT_FENCE_OPTIONS when `fenced` (ignored without a policy)."""
+  _common.REMAT_FENCE_OPTIONS when `fenced` (ignored without a policy)."""
   config = transformer.Config(**cfg)
   args = transformer.example_args(config, batch, seq)
-  opts = dict(REMAT_FENCE_OPTIONS) if (policy is not None and fenced) else {}
+  opts = dict(_common.REMAT_FENCE_OPTIONS) if (policy is not None and fenced) else {}
   compiled = jax.jit(transformer.make_train_step(config, remat_policy=policy)).lower(
       *args).compile(compiler_options=opts)
-  extra = {"argument_bytes": _argument_bytes(args), "xla": _memory_analysis(compiled),
+  extra = {"argument_bytes": _common.tree_bytes(args), "xla": _common.xla_memory(compiled),
            "compiler_options": opts}
   return compiled, args, extra
 
@@ -160,12 +141,12 @@ def remat_symmem_step(batch: int, seq: int, cfg: dict, budget: int, constraints)
   analysis = step.analyze(*args)
   k = variant.round
   extra = {
-      "argument_bytes": _argument_bytes(args),
+      "argument_bytes": _common.tree_bytes(args),
       "round": k,
       "model_round": analysis.choose_round(dims, budget),
       "n_rounds": len(analysis.rounds),
       "model_peak_dispatched": analysis.rounds[k].peak_at(dims),
-      "xla": _memory_analysis(variant.executable),
+      "xla": _common.xla_memory(variant.executable),
       "first_call_s": first_call_s,
       "cache_info": [step.cache_info()],
       "executables": [[sorted(v.dims.items()), v.round] for v in step.compiled()],

@@ -1,0 +1,149 @@
+"""What the experiments share, one home each: units, the bytes of a tree, XLA's memory
+figures, the real peak of DESIGN.md F3 and the budget rules built on it, boolean flags,
+and the envelope every results file is written in (`write_results`).
+
+Flags are spelled as absl spells them, with underscores (`--max_len`, `--budget_mib`,
+`--repeats`); a boolean flag `--x` is turned off with `--nox` (`add_bool_flag`).
+
+Imports only the standard library at module level (jax and jax_symmem load on first
+use), so a driver that only starts measuring processes stays light.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib.metadata
+import json
+import os
+import pathlib
+import platform
+import shlex
+import subprocess
+import sys
+from typing import Any, Mapping
+
+MiB = 2**20
+
+# Per-layer jax.checkpoint baselines compile with these options: without them XLA:CPU
+# merges the recomputation back into the forward pass (DESIGN.md F1).
+REMAT_FENCE_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
+
+
+# --- bytes --------------------------------------------------------------------------------------
+
+
+def tree_bytes(tree) -> int:
+  """Bytes of the arrays (or ShapeDtypeStructs) in `tree`; leaves without a dtype count 0."""
+  import jax
+  return int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(tree)
+                 if hasattr(x, "dtype")))
+
+
+def xla_memory(compiled) -> dict:
+  """XLA's `memory_analysis()` of a compiled executable, in bytes, with its footprint
+  (arguments + outputs + temp - alias); {} where XLA reports none."""
+  ma = compiled.memory_analysis()
+  if ma is None:
+    return {}
+  return {"temp": ma.temp_size_in_bytes, "arguments": ma.argument_size_in_bytes,
+          "outputs": ma.output_size_in_bytes, "alias": ma.alias_size_in_bytes,
+          "footprint": (ma.argument_size_in_bytes + ma.output_size_in_bytes
+                        + ma.temp_size_in_bytes - ma.alias_size_in_bytes)}
+
+
+# --- the real peak (DESIGN.md F3) ---------------------------------------------------------------
+
+
+def real_peak(spec: str, **kwargs) -> dict:
+  """The real peak of workload `spec` ("module:function"), measured in a fresh process.
+
+  The workload (run there by `jax_symmem.measure`) returns `(fn, args, extra)` with
+  `extra["argument_bytes"] = tree_bytes(args)`. Returns its `extra` plus `peak_delta`
+  (VmHWM - VmRSS around the warm call) and `real` = peak_delta + the argument bytes,
+  which are resident before the call.
+  """
+  from jax_symmem import measure
+  m = measure.measure(spec, **kwargs)
+  return dict(m.extra, peak_delta=m.peak_delta, real=m.peak_delta + m.extra["argument_bytes"])
+
+
+# --- budgets ------------------------------------------------------------------------------------
+
+
+def budget_between(lo: int, hi: int, frac: float = 0.5) -> int:
+  """The budget `frac` of the way from `lo` up to `hi` bytes, rounded down (halfway by default)."""
+  return int(lo + frac * (hi - lo))
+
+
+def budget_limit(budget: int) -> float:
+  """The most a budgeted step's real (F3) peak may read and still count as within `budget`:
+  budget x 1.05 + 8 MiB, the criterion of bench_remat, bench_models, soak and table1."""
+  return budget * 1.05 + 8 * MiB
+
+
+# --- flags --------------------------------------------------------------------------------------
+
+
+def add_bool_flag(parser: argparse.ArgumentParser, name: str, default: bool, help: str) -> None:
+  """`--name` and `--noname`, absl's spelling of a boolean flag; the last one given wins."""
+  parser.add_argument(f"--{name}", dest=name, action="store_true", default=default,
+                      help=f"{help} (default: {'on' if default else 'off'})")
+  parser.add_argument(f"--no{name}", dest=name, action="store_false", default=default,
+                      help=f"turn --{name} off")
+
+
+# --- results files ------------------------------------------------------------------------------
+
+
+def package_version(package: str) -> str | None:
+  """The installed version of `package` (without importing it); None if absent."""
+  try:
+    return importlib.metadata.version(package)
+  except importlib.metadata.PackageNotFoundError:
+    return None
+
+
+def environment() -> dict:
+  """Versions, platform, CPUs and load average of this machine (no host name)."""
+  return {"python": platform.python_version(), "jax": package_version("jax"),
+          "jaxlib": package_version("jaxlib"), "flax": package_version("flax"),
+          "platform": platform.platform(), "machine": platform.machine(),
+          "cpus": os.cpu_count(), "load_average": list(os.getloadavg())}
+
+
+def command() -> str:
+  """The command line this process runs (`python -m <module> ...` when run as a module)."""
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  head = ["python", "-m", spec.name] if spec is not None else ["python", sys.argv[0]]
+  return shlex.join(head + sys.argv[1:])
+
+
+def git_revision() -> str | None:
+  """HEAD of the checkout the experiments run from; None outside git."""
+  try:
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(__file__).parent,
+                         capture_output=True, text=True, check=False)
+  except OSError:
+    return None
+  return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def envelope(result: Mapping[str, Any]) -> dict:
+  """`result` with the keys every results file shares in front: environment (with the
+  result's own "environment" entries merged in), command, git_revision and date (UTC)."""
+  head = {"environment": {**environment(), **result.get("environment", {})},
+          "command": command(), "git_revision": git_revision(),
+          "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+  clash = (set(head) - {"environment"}) & set(result)
+  if clash:
+    raise ValueError(f"the result already has the envelope's keys {sorted(clash)}")
+  return {**head, **{k: v for k, v in result.items() if k != "environment"}}
+
+
+def write_results(path, result: Mapping[str, Any]) -> pathlib.Path:
+  """Writes `envelope(result)` as JSON to `path` (making its directory); returns the path."""
+  path = pathlib.Path(path)
+  path.parent.mkdir(parents=True, exist_ok=True)
+  path.write_text(json.dumps(envelope(result), indent=1, default=str) + "\n")
+  return path
