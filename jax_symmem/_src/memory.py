@@ -239,33 +239,34 @@ class _IntTables:
 
   def __init__(self, graph: ShapeGraph, program: Program, env: Mapping[str, int],
                donated: frozenset):
-    buffer = buffers(program)
-    pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
-    pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
-    # Python ints of every value and control-flow node; no reference to `graph` is
-    # kept (see _TRANSIENTS), so the cache below never keeps a traced call alive.
-    value_bytes = {v: graph.bytes(v).evaluate(env) for v in program.value_ids()}
-    node_trans = {n.index: max(t.evaluate(env) for t in transients(graph, n))
-                  for n in program.nodes if n.subprograms and transients(graph, n)}
+    layout = _buffer_layout(program, donated)
+    # Python ints of every value and control-flow node, each distinct polynomial
+    # evaluated once; no reference to `graph` is kept (see _TRANSIENTS), so the
+    # cache below never keeps a traced call alive.
+    evaluated: dict[Poly, int] = {}
+    def evaluate(p: Poly) -> int:
+      x = evaluated.get(p)
+      if x is None:
+        x = evaluated[p] = p.evaluate(env)
+      return x
+    value_bytes = {v: evaluate(graph.bytes(v)) for v in program.value_ids()}
+    node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))
+                  for n in layout.control_flow if transients(graph, n)}
     self.program, self.donated = program, donated
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
     self.arguments = sum(self.size_of(v) for v in program.inputs)
-    used = {buffer[x] for n in program.nodes for x in n.inputs if not isinstance(x, Const)}
-    index: dict[int, int] = {}        # unpinned buffers that some node reads
-    use_node, use_buf, alloc, trans, doa = [], [], [], [], []
-    for i, node in enumerate(program.nodes):
-      for b in {buffer[x] for x in node.inputs if not isinstance(x, Const)} - pinned:
-        use_node.append(i)
-        use_buf.append(index.setdefault(b, len(index)))
-      own = [o for o in node.outputs if buffer[o] == o]
-      alloc.append(sum(self.size_of(o) for o in own))
-      doa.append(sum(self.size_of(o) for o in own if o not in used and o not in pinned))
-      trans.append(self.trans_of(node))
-    sizes = [self.size_of(b) for b in index]
+    n = len(program.nodes)
+    alloc, doa = [0] * n, [0] * n
+    for i, o in layout.owned:
+      alloc[i] += value_bytes[o]
+    for i, o in layout.dead_on_arrival:
+      doa[i] += value_bytes[o]
+    trans = [node_trans.get(i, 0) for i in range(n)]
+    sizes = [value_bytes[b] for b in layout.read_buffers]
     self.exact = self.arguments + sum(alloc) + sum(trans) < 2**62   # int64 cannot overflow
     if self.exact:
-      self.use_node, self.use_buf = np.asarray(use_node, np.int64), np.asarray(use_buf, np.int64)
+      self.use_node, self.use_buf = layout.use_node, layout.use_buf
       self.buf_size = np.asarray(sizes, np.int64)
       self.alloc, self.trans, self.doa = (np.asarray(x, np.int64) for x in (alloc, trans, doa))
 
@@ -296,6 +297,48 @@ class _IntTables:
     return live_before + alloc + self.trans[order]
 
 
+@dataclasses.dataclass(frozen=True)
+class _BufferLayout:
+  """What `_IntTables` needs of a program that no dims change: which node reads which
+  unpinned buffer, which outputs own a buffer, which die where they are made."""
+  read_buffers: tuple[int, ...]     # unpinned buffers some node reads, by index
+  use_node: np.ndarray              # (node, buffer index) of every read
+  use_buf: np.ndarray
+  owned: tuple[tuple[int, int], ...]            # (node, value) owning a buffer
+  dead_on_arrival: tuple[tuple[int, int], ...]  # (node, value) that nothing reads
+  control_flow: tuple[Node, ...]
+
+
+def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
+  key = (id(program), donated)
+  hit = _LAYOUTS.get(key)
+  if hit is not None and hit[0] is program:
+    return hit[1]
+  buffer = buffers(program)
+  pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
+  pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
+  used = {buffer[x] for n in program.nodes for x in n.inputs if not isinstance(x, Const)}
+  index: dict[int, int] = {}
+  use_node, use_buf, owned, doa = [], [], [], []
+  for i, node in enumerate(program.nodes):
+    for b in {buffer[x] for x in node.inputs if not isinstance(x, Const)} - pinned:
+      use_node.append(i)
+      use_buf.append(index.setdefault(b, len(index)))
+    for o in node.outputs:
+      if buffer[o] == o:
+        owned.append((i, o))
+        if o not in used and o not in pinned:
+          doa.append((i, o))
+  layout = _BufferLayout(tuple(index), np.asarray(use_node, np.int64),
+                         np.asarray(use_buf, np.int64), tuple(owned), tuple(doa),
+                         tuple(n for n in program.nodes if n.subprograms))
+  _LAYOUTS[key] = (program, layout)
+  while len(_LAYOUTS) > _INT_TABLES_MAX:
+    _LAYOUTS.pop(next(iter(_LAYOUTS)))
+  return layout
+
+
+_LAYOUTS: dict = {}
 _INT_TABLES: dict = {}
 _INT_TABLES_MAX = 64
 

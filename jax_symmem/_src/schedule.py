@@ -217,70 +217,80 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
 
 class _Profile:
   """The live-bytes profile of an order under `memory.order_tables`' integer tables,
-  updated in place when a node moves later (the window it crosses is recomputed)."""
+  updated in place when a node moves later.
+
+  Moving node i from position p to just before position q shifts the nodes in
+  between one step earlier and runs them before i: their live bytes lose i's net
+  allocation, and gain the bytes of the buffers whose last read passes to i. So a
+  trial move reads a few maxima of slices of the current profile.
+  """
 
   def __init__(self, tables, order: Sequence[int]):
-    self.t = tables
+    t = tables
     n = len(order)
+    self.arguments = t.arguments
     self.order = np.asarray(order, np.int64)
     self.pos = np.empty(n, np.int64)                          # node -> its position
     self.pos[self.order] = np.arange(n)
     self.reads: list[list[int]] = [[] for _ in range(n)]      # node -> buffers it reads
-    self.readers: list[list[int]] = [[] for _ in tables.buf_size]
-    for i, b in zip(tables.use_node.tolist(), tables.use_buf.tolist()):
+    readers: list[list[int]] = [[] for _ in t.buf_size]
+    for i, b in zip(t.use_node.tolist(), t.use_buf.tolist()):
       self.reads[i].append(b)
-      self.readers[b].append(i)
-    self.size = tables.buf_size.tolist()
-    self.last = [max(r, key=self.pos.__getitem__) for r in self.readers]   # buffer -> last reader
-    self.freed = np.zeros(n, np.int64)                        # node -> bytes freed there
+      readers[b].append(i)
+    self.size = t.buf_size.tolist()
+    self.last = [max(r, key=self.pos.__getitem__) for r in readers]   # buffer -> last reader
+    self.alloc, self.trans = t.alloc.tolist(), t.trans.tolist()
+    self.keep = (t.alloc - t.doa).tolist()                    # allocated and still live after
+    self.freed = [0] * n                                      # node -> bytes freed there
     for b, i in enumerate(self.last):
       self.freed[i] += self.size[b]
-    self._rebuild(0, n)
-
-  def _window(self, seq, freed, live):
-    """(live before each node, step value of each node) for `seq` run from `live`."""
-    alloc = self.t.alloc[seq]
-    net = alloc - freed - self.t.doa[seq]
-    before = live + np.concatenate(([0], np.cumsum(net[:-1])))
-    return before, before + alloc + self.t.trans[seq]
-
-  def _rebuild(self, lo: int, hi: int):
-    seq = self.order[lo:hi]
-    if lo == 0 and hi == len(self.order):
-      self.before, self.step = self._window(seq, self.freed[seq], self.t.arguments)
-    else:
-      self.before[lo:hi], self.step[lo:hi] = self._window(seq, self.freed[seq], self.before[lo])
+    seq = self.order
+    net = t.alloc[seq] - t.doa[seq] - np.asarray(self.freed, np.int64)[seq]
+    self.before = t.arguments + np.concatenate(([0], np.cumsum(net[:-1])))
+    self.step = self.before + t.alloc[seq] + t.trans[seq]
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
-    p = self.pos[i]
-    # Buffers i reads whose last read falls before q are now last read by i.
-    handed = [b for b in self.reads[i] if self.pos[self.last[b]] < q and self.last[b] != i]
-    seq = np.append(self.order[p + 1:q], i)
-    freed = self.freed[seq]
-    for b in handed:
-      freed[self.pos[self.last[b]] - p - 1] -= self.size[b]
-      freed[-1] += self.size[b]
-    _, step = self._window(seq, freed, self.before[p])
-    peak = max(self.t.arguments, int(step.max()))
+    p, pos, last = int(self.pos[i]), self.pos, self.last
+    net = self.keep[i] - self.freed[i]
+    # Buffers i reads whose last read falls before q are now last read by i: freed later.
+    handed = sorted((int(pos[last[b]]), self.size[b]) for b in self.reads[i]
+                    if last[b] != i and pos[last[b]] < q)
+    step, peak, held, start = self.step, self.arguments, 0, p + 1
+    for at, size in handed:
+      if at >= start:
+        peak = max(peak, int(step[start:at + 1].max()) + held - net)
+        start = at + 1
+      held += size
+    if start < q:
+      peak = max(peak, int(step[start:q].max()) + held - net)
+    peak = max(peak, int(self.before[q]) - net + held + self.alloc[i] + self.trans[i])
     if p > 0:
-      peak = max(peak, int(self.step[:p].max()))
-    if q < len(self.order):
-      peak = max(peak, int(self.step[q:].max()))
-    self._pending = (i, p, q, handed)
+      peak = max(peak, int(step[:p].max()))
+    if q < len(step):
+      peak = max(peak, int(step[q:].max()))
+    self._pending = (i, p, q, net, handed)
     return peak
 
   def accept(self):
     """Applies the last trial move."""
-    i, p, q, handed = self._pending
-    for b in handed:
-      self.freed[self.last[b]] -= self.size[b]
-      self.freed[i] += self.size[b]
-      self.last[b] = i
+    i, p, q, net, handed = self._pending
+    shift = np.full(q - p - 1, -net, np.int64)
+    for at, size in handed:
+      shift[at - p:] += size
+    i_before = int(self.before[q]) - net + sum(size for _, size in handed)
+    self.before[p:q - 1] = self.before[p + 1:q] + shift
+    self.step[p:q - 1] = self.step[p + 1:q] + shift
+    self.before[q - 1], self.step[q - 1] = i_before, i_before + self.alloc[i] + self.trans[i]
+    for b in self.reads[i]:
+      j = self.last[b]
+      if j != i and self.pos[j] < q:
+        self.freed[j] -= self.size[b]
+        self.freed[i] += self.size[b]
+        self.last[b] = i
     self.order[p:q - 1] = self.order[p + 1:q].copy()
     self.order[q - 1] = i
     self.pos[self.order[p:q]] = np.arange(p, q)
-    self._rebuild(p, q)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -384,16 +394,19 @@ class _Chooser:
     lookup = self.decider.lookup
     best_impact = impacts[best]
     outcome_vs_best = {}          # impact -> outcome of its comparison with best_impact
+    seen = outcome_vs_best.get
     outcomes = []
+    record = outcomes.append
     rest = ready[1:]
     for i, cand in zip(rest, [impacts[i] for i in rest]):
-      outcome = outcome_vs_best.get(cand, _UNSEEN)
+      outcome = seen(cand, _UNSEEN)
       if outcome is _UNSEEN:
         outcome, decision = lookup(cand[0], best_impact[0])
         outcome_vs_best[cand] = outcome
         if _better(decision, cand[1], best_impact[1]):
           best, best_impact, outcome_vs_best = i, cand, {}
-      outcomes.append(outcome)
+          seen = outcome_vs_best.get
+      record(outcome)
     self.decider.count(outcomes)
     return best
 
