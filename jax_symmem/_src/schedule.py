@@ -131,8 +131,7 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
         key += f"#{k}"
       passes[key] = chooser.decider.counts
       choices += chooser.choices
-    if k == 0:
-      listed["trace"] = tuple(range(len(program.nodes)))
+    listed["trace"] = tuple(range(len(program.nodes)))   # sunk at every point: its best differs
     # Each list schedule, then the same after local sink moves judged at that point.
     for name, order in listed.items():
       sunk, moves[f"{name}+sink{suffix}"] = _sink(graph, state, order, point, donated)
@@ -156,17 +155,23 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
 
 
 def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
-  """The main shape of interest, then every bounded dim at its lower bound, geometric
-  mean and midpoint together (lengths spread over orders of magnitude)."""
+  """The main shape of interest; every bounded dim at its lower bound, geometric mean and
+  midpoint together (lengths spread over orders of magnitude); then each dim at its
+  largest value with the others at their lower bounds (a long sequence in a small batch
+  is where a list schedule judged at the largest batch falls furthest behind)."""
   points = [dict(tight)]
+  def add(env):
+    env = graph.constraints.complete(env)
+    if graph.constraints.violation(env) is None and env not in points:
+      points.append(env)
   for level in ("lo", "geo", "mid"):
     env = {}
     for v, lo, hi in graph.constraints.bounds:
       hi = tight.get(v, lo) if hi is None else hi
       env[v] = {"lo": lo, "geo": max(lo, round((lo * hi) ** 0.5)), "mid": (lo + hi) // 2}[level]
-    env = graph.constraints.complete(env)
-    if graph.constraints.violation(env) is None and env not in points:
-      points.append(env)
+    add(env)
+  for top in graph.constraints.bounds:
+    add({v: tight.get(v, lo) if v == top[0] else lo for v, lo, _ in graph.constraints.bounds})
   return points
 
 
