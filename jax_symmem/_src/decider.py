@@ -108,10 +108,12 @@ class Decider:
       hit = self._memo[lhs, rhs] = self._decide(self._polys[lhs], self._polys[rhs])
       return hit
 
-  def count(self, outcomes: Iterable[str | None]) -> None:
-    """Adds comparisons with these `lookup` outcomes to `counts` (None: static, uncounted)."""
+  def count(self, outcomes: Iterable[str | None] | Mapping[str | None, int]) -> None:
+    """Adds comparisons with these `lookup` outcomes (or outcome: how many) to `counts`
+    (None: static, uncounted)."""
     counts = self.counts
-    for outcome, n in collections.Counter(outcomes).items():
+    tally = outcomes if isinstance(outcomes, Mapping) else collections.Counter(outcomes)
+    for outcome, n in tally.items():
       if outcome is not None:
         counts.comparisons += n
         setattr(counts, outcome, getattr(counts, outcome) + n)

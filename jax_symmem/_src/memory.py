@@ -252,7 +252,7 @@ class _IntTables:
     value_bytes = {v: evaluate(graph.bytes(v)) for v in program.value_ids()}
     node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))
                   for n in layout.control_flow if transients(graph, n)}
-    self.program, self.donated = program, donated
+    self.program, self.donated, self.layout = program, donated, layout
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
     self.arguments = sum(self.size_of(v) for v in program.inputs)
@@ -307,6 +307,15 @@ class _BufferLayout:
   owned: tuple[tuple[int, int], ...]            # (node, value) owning a buffer
   dead_on_arrival: tuple[tuple[int, int], ...]  # (node, value) that nothing reads
   control_flow: tuple[Node, ...]
+  num_nodes: int
+
+  @functools.cached_property
+  def reads(self) -> tuple[tuple[int, ...], ...]:
+    """node -> the indices of the unpinned buffers it reads."""
+    reads: list[list[int]] = [[] for _ in range(self.num_nodes)]
+    for i, b in zip(self.use_node.tolist(), self.use_buf.tolist()):
+      reads[i].append(b)
+    return tuple(map(tuple, reads))
 
 
 def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
@@ -331,7 +340,7 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
           doa.append((i, o))
   layout = _BufferLayout(tuple(index), np.asarray(use_node, np.int64),
                          np.asarray(use_buf, np.int64), tuple(owned), tuple(doa),
-                         tuple(n for n in program.nodes if n.subprograms))
+                         tuple(n for n in program.nodes if n.subprograms), len(program.nodes))
   _LAYOUTS[key] = (program, layout)
   while len(_LAYOUTS) > _INT_TABLES_MAX:
     _LAYOUTS.pop(next(iter(_LAYOUTS)))

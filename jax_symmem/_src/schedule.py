@@ -237,22 +237,22 @@ class _Profile:
     self.order = np.asarray(order, np.int64)
     self.pos = np.empty(n, np.int64)                          # node -> its position
     self.pos[self.order] = np.arange(n)
-    self.reads: list[list[int]] = [[] for _ in range(n)]      # node -> buffers it reads
-    readers: list[list[int]] = [[] for _ in t.buf_size]
-    for i, b in zip(t.use_node.tolist(), t.use_buf.tolist()):
-      self.reads[i].append(b)
-      readers[b].append(i)
+    self.reads = t.layout.reads                               # node -> buffers it reads
     self.size = t.buf_size.tolist()
-    self.last = [max(r, key=self.pos.__getitem__) for r in readers]   # buffer -> last reader
+    last_pos = np.full(len(t.buf_size), -1, np.int64)
+    np.maximum.at(last_pos, t.use_buf, self.pos[t.use_node])
+    last = self.order[last_pos]
+    self.last = last.tolist()                                 # buffer -> its last reader
     self.alloc, self.trans = t.alloc.tolist(), t.trans.tolist()
     self.keep = (t.alloc - t.doa).tolist()                    # allocated and still live after
-    self.freed = [0] * n                                      # node -> bytes freed there
-    for b, i in enumerate(self.last):
-      self.freed[i] += self.size[b]
+    freed = np.zeros(n, np.int64)
+    np.add.at(freed, last, t.buf_size)
+    self.freed = freed.tolist()                               # node -> bytes freed there
     seq = self.order
     net = t.alloc[seq] - t.doa[seq] - np.asarray(self.freed, np.int64)[seq]
     self.before = t.arguments + np.concatenate(([0], np.cumsum(net[:-1])))
     self.step = self.before + t.alloc[seq] + t.trans[seq]
+    self._top = int(np.argmax(self.step)) if n else 0      # a position of the profile's max
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
@@ -270,10 +270,13 @@ class _Profile:
     if start < q:
       peak = max(peak, int(step[start:q].max()) + held - net)
     peak = max(peak, int(self.before[q]) - net + held + self.alloc[i] + self.trans[i])
-    if p > 0:
-      peak = max(peak, int(step[:p].max()))
-    if q < len(step):
-      peak = max(peak, int(step[q:].max()))
+    if not p <= self._top < q:          # the max lies outside the window: nothing else can beat it
+      peak = max(peak, int(step[self._top]))
+    else:
+      if p > 0:
+        peak = max(peak, int(step[:p].max()))
+      if q < len(step):
+        peak = max(peak, int(step[q:].max()))
     self._pending = (i, p, q, net, handed)
     return peak
 
@@ -287,6 +290,12 @@ class _Profile:
     self.before[p:q - 1] = self.before[p + 1:q] + shift
     self.step[p:q - 1] = self.step[p + 1:q] + shift
     self.before[q - 1], self.step[q - 1] = i_before, i_before + self.alloc[i] + self.trans[i]
+    if p <= self._top < q:
+      self._top = int(np.argmax(self.step))
+    else:
+      w = p + int(np.argmax(self.step[p:q]))
+      if self.step[w] > self.step[self._top]:
+        self._top = w
     for b in self.reads[i]:
       j = self.last[b]
       if j != i and self.pos[j] < q:
@@ -384,39 +393,92 @@ class _Chooser:
       total = total + size
     return total
 
-  def pick(self, ready: Sequence[int], impacts: "_Impacts") -> int:
-    """ready is in preference order for ties; impacts[i] is `self.impact(...)` of node i.
+  def pick(self, ready: "_Ready") -> int:
+    """The node a scan of the ready nodes in preference order would pick: the first
+    whose impact beats the best so far becomes the best.
 
-    The first ready node whose impact beats the best so far becomes the best.
-    Many ready nodes share an impact (the same bytes and buffer count): one that
-    lost to the current best loses again, so it is counted as the same comparison
-    again without asking the decider.
+    Ready nodes sharing an impact (bytes and buffer count) are one group, and a scan
+    is a few steps over the groups (a 1B-parameter step has ~125 ready nodes in ~5
+    groups): from the current best, the next best is the earliest node after it in a
+    group that beats it. Every node the scan would compare is counted, with its
+    group's outcome against the best it would meet.
     """
     self.choices += 1
-    best = ready[0]
+    best = ready.first()
     if len(ready) == 1:
       return best
-    lookup = self.decider.lookup
-    best_impact = impacts[best]
-    outcome_vs_best = {}          # impact -> outcome of its comparison with best_impact
-    seen = outcome_vs_best.get
-    outcomes = []
-    record = outcomes.append
-    rest = ready[1:]
-    for i, cand in zip(rest, [impacts[i] for i in rest]):
-      outcome = seen(cand, _UNSEEN)
-      if outcome is _UNSEEN:
-        outcome, decision = lookup(cand[0], best_impact[0])
-        outcome_vs_best[cand] = outcome
-        if _better(decision, cand[1], best_impact[1]):
-          best, best_impact, outcome_vs_best = i, cand, {}
-          seen = outcome_vs_best.get
-      record(outcome)
+    lookup, groups = self.decider.lookup, ready.groups
+    outcomes: dict[str | None, int] = {}
+    best_key, best_impact = ready.key(best), ready.impact_of[best]
+    while True:
+      next_key, verdicts = None, []
+      for impact, keys in groups.items():
+        outcome, decision = lookup(impact[0], best_impact[0])
+        verdicts.append((outcome, keys))
+        if impact != best_impact and _better(decision, impact[1], best_impact[1]):
+          k = bisect.bisect_right(keys, best_key)
+          if k < len(keys) and (next_key is None or keys[k] < next_key):
+            next_key = keys[k]
+      # The nodes after the best up to the next best (or the end) meet the best.
+      for outcome, keys in verdicts:
+        hi = len(keys) if next_key is None else bisect.bisect_right(keys, next_key)
+        met = hi - bisect.bisect_right(keys, best_key)
+        if met > 0:
+          outcomes[outcome] = outcomes.get(outcome, 0) + met
+      if next_key is None:
+        break
+      best_key = next_key
+      best_impact = ready.impact_of[ready.node(best_key)]
     self.decider.count(outcomes)
-    return best
+    return ready.node(best_key)
 
 
-_UNSEEN = object()
+class _Ready:
+  """The ready nodes, grouped by impact; each group's preference keys sorted.
+
+  Forward passes prefer low node indices, backward passes high ones (key -i).
+  An impact read while a node waits may change when another node is placed:
+  `stale(i)` marks it, and it is regrouped before the next pick.
+  """
+
+  def __init__(self, impacts: "_Impacts", descending: bool):
+    self.impacts, self.sign = impacts, -1 if descending else 1
+    self.groups: dict[tuple[int, int], list[int]] = {}
+    self.impact_of: dict[int, tuple[int, int]] = {}
+    self._stale: set[int] = set()
+
+  def __len__(self) -> int:
+    return len(self.impact_of)
+
+  def key(self, i: int) -> int:
+    return self.sign * i
+
+  def node(self, key: int) -> int:
+    return self.sign * key
+
+  def add(self, i: int) -> None:
+    impact = self.impact_of[i] = self.impacts[i]
+    bisect.insort(self.groups.setdefault(impact, []), self.key(i))
+
+  def remove(self, i: int) -> None:
+    impact = self.impact_of.pop(i)
+    keys = self.groups[impact]
+    del keys[bisect.bisect_left(keys, self.key(i))]
+    if not keys:
+      del self.groups[impact]
+
+  def stale(self, i: int) -> None:
+    self.impacts.pop(i, None)
+    if i in self.impact_of:
+      self._stale.add(i)
+
+  def first(self) -> int:
+    """The most preferred ready node (after regrouping stale ones)."""
+    for i in self._stale:
+      self.remove(i)
+      self.add(i)
+    self._stale.clear()
+    return self.node(min(keys[0] for keys in self.groups.values()))
 
 
 def _better(decision, count: int, best_count: int) -> bool:
@@ -453,23 +515,27 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     new = state.own[i]
     ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
     return chooser.impact(new, ending)
-  cache = _Impacts(impact)   # a node's impact until a buffer it reads is read
-
+  ready = _Ready(_Impacts(impact), descending=False)
   waiting = [len(ps) for ps in state.preds]
-  ready = [i for i, w in enumerate(waiting) if w == 0]
+  for i, w in enumerate(waiting):
+    if w == 0:
+      ready.add(i)
   order = []
-  while ready:
-    best = chooser.pick(ready, cache)
+  while len(ready):
+    best = chooser.pick(ready)
     order.append(best)
     ready.remove(best)
     remaining.subtract(state.operands[best])
-    for b in state.operands[best]:
-      for r in state.readers[b]:
-        cache.pop(r, None)
+    for b in state.operands[best]:     # a buffer's last reader now ends it: its impact drops
+      left = remaining[b]
+      if left:
+        for r in state.readers[b]:
+          if state.operands[r][b] == left:
+            ready.stale(r)
     for s in state.succs[best]:
       waiting[s] -= 1
       if waiting[s] == 0:
-        bisect.insort(ready, s)
+        ready.add(s)
   if len(order) != len(program.nodes):
     raise ValueError("the program's dependencies have a cycle")
   return tuple(order)
@@ -484,27 +550,28 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     added = [b for b in state.operands[i] if b not in live and b not in state.held]
     retired = [o for o in state.own[i] if o in live and o not in state.outputs]
     return chooser.impact(added, retired)
-  cache = _Impacts(impact)   # a node's impact until a buffer it touches changes
-
+  ready = _Ready(_Impacts(impact), descending=True)
   waiting = [len(s) for s in state.succs]
-  ready = sorted((i for i, w in enumerate(waiting) if w == 0), reverse=True)
+  for i, w in enumerate(waiting):
+    if w == 0:
+      ready.add(i)
   placed = []
-  while ready:
-    best = chooser.pick(ready, cache)
+  while len(ready):
+    best = chooser.pick(ready)
     placed.append(best)
     ready.remove(best)
     changed = (set(state.own[best]) - state.outputs) | (set(state.operands[best]) - live)
     live -= set(state.own[best]) - state.outputs
     live |= set(state.operands[best])
-    for b in changed:
+    for b in changed:                  # the impacts of nodes touching them may have changed
       for r in state.readers.get(b, ()):
-        cache.pop(r, None)
+        ready.stale(r)
       if b in state.producer:
-        cache.pop(state.producer[b], None)
+        ready.stale(state.producer[b])
     for p in state.preds[best]:
       waiting[p] -= 1
       if waiting[p] == 0:
-        bisect.insort(ready, p, key=lambda x: -x)
+        ready.add(p)
   if len(placed) != len(program.nodes):
     raise ValueError("the program's dependencies have a cycle")
   return tuple(reversed(placed))
