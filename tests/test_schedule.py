@@ -191,3 +191,94 @@ def test_incremental_sink_equals_brute_force(ops, b, seed):
     placed.add(order[-1])
   at = {"b": b}
   assert schedule.sink(graph, order, at) == _reference_sink(graph, program, order, at)
+
+
+def _reference_list_schedules(graph, program, point):
+  """The forward and backward list schedulers by brute force: before every choice each
+  ready node's impact is recomputed from scratch and compared with the best so far, in
+  preference order. Returns ({pass: order}, {pass: decision counts})."""
+  import collections
+  from jax_symmem._src.decider import Decider
+  from jax_symmem._src.ir import Const
+  from jax_symmem._src.poly import ZERO
+  buffer = memory.buffers(program)
+  operands = [collections.Counter(buffer[x] for x in n.inputs if not isinstance(x, Const))
+              for n in program.nodes]
+  own = [[o for o in n.outputs if buffer[o] == o] for n in program.nodes]
+  held = {buffer[v] for v in program.inputs}
+  outputs = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
+  preds = schedule.dependencies(program)
+  succs = [[i for i in range(len(preds)) if p in preds[i]] for p in range(len(preds))]
+  size = lambda bs: sum((graph.bytes(b) for b in bs), ZERO)
+
+  def run(impact, waiting, after, descending):
+    decider = Decider(graph.constraints, point)
+    ready = sorted((i for i, w in enumerate(waiting) if w == 0), reverse=descending)
+    placed = []
+    while ready:
+      best = ready[0]
+      for i in ready[1:]:
+        (size_i, count_i), (size_b, count_b) = impact(i), impact(best)
+        d = decider.decide(size_i, size_b)
+        if (count_i < count_b if d.sign is None else
+            d.sign < 0 or (d.sign == 0 and d.proven and count_i < count_b)):
+          best = i
+      placed.append(best)
+      ready.remove(best)
+      for j in after(best):
+        waiting[j] -= 1
+        if waiting[j] == 0:
+          ready.append(j)
+      ready.sort(reverse=descending)
+    return placed, decider.counts
+
+  remaining = collections.Counter()
+  for ops in operands:
+    remaining.update(ops)
+  def forward_impact(i):
+    ending = [b for b, k in operands[i].items() if remaining[b] == k and b not in held | outputs]
+    return size(own[i]) - size(ending), len(own[i]) - len(ending)
+  def forward_after(i):
+    remaining.subtract(operands[i])
+    return succs[i]
+  fwd, fwd_counts = run(forward_impact, [len(p) for p in preds], forward_after, False)
+
+  live = set(outputs)
+  def backward_impact(i):
+    added = [b for b in operands[i] if b not in live and b not in held]
+    retired = [o for o in own[i] if o in live and o not in outputs]
+    return size(added) - size(retired), len(added) - len(retired)
+  def backward_after(i):
+    live.difference_update(set(own[i]) - outputs)
+    live.update(operands[i])
+    return preds[i]
+  bwd, bwd_counts = run(backward_impact, [len(s) for s in succs], backward_after, True)
+  return {"forward": tuple(fwd), "backward": tuple(reversed(bwd))}, {
+      "forward": fwd_counts, "backward": bwd_counts}
+
+
+@hypothesis.settings(max_examples=20, deadline=None)
+@hypothesis.given(ops=OPS)
+def test_list_schedules_equal_brute_force(ops):
+  """The list passes keep impacts until they may change and pick among groups of equal
+  impact; their orders and decision counts equal recomputing and comparing everything."""
+  traced = symmem.trace(jax.grad(_random_program(ops, 4)), jax.ShapeDtypeStruct((2, 4), jnp.float32),
+                        polymorphic_shapes="b, _", constraints=("b <= 16",))
+  graph = symmem.shape_graph(traced)
+  sched = schedule.schedule(graph)
+  orders, counts = _reference_list_schedules(graph, traced.program, graph.constraints.complete(
+      graph.max_dims()))
+  for name in ("forward", "backward"):
+    assert sched.candidates[name] == orders[name]
+    assert sched.passes[name] == counts[name]
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_list_schedules_equal_brute_force_on_the_example_programs(case):
+  traced, graph = _traced(case.name)
+  sched = schedule.schedule(graph)
+  orders, counts = _reference_list_schedules(graph, traced.program, graph.constraints.complete(
+      graph.max_dims()))
+  for name in ("forward", "backward"):
+    assert sched.candidates[name] == orders[name]
+    assert sched.passes[name] == counts[name]
