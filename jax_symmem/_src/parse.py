@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import re
 
+from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly, Var
 
 _ALLOWED = re.compile(r"[A-Za-z0-9_ +\-*^]+")
@@ -202,3 +203,62 @@ def split_operations(expr: str) -> tuple[str, dict[str, str]] | None:
     return None
   parts.append(expr[pos:])
   return "".join(parts), calls
+
+
+# --------------------------------------------------------------------------
+# One operation call over plain operands, without jax.export
+# --------------------------------------------------------------------------
+# Even one call costs jax.export ~50-100 µs (tokenizing, building _DimExprs).
+# What its parser builds for "op(A, B)" is known exactly when A and B are plain:
+#
+# * floordiv / mod: the factor op(A, B) as written (`_DimExpr._from_operation`,
+#   no simplification), which `jax_dims.to_poly` turns into
+#   `poly._operation(op, A, B)`;
+# * max / min: `core.max_dim` / `core.min_dim`, which return one operand when
+#   JAX's bounds decide the sign of A - B. Only operands whose decision is
+#   plain are read here: two integers (Python's max/min), or a single variable
+#   v (JAX's bounds: [1, inf)) against an integer k or another variable w.
+#   v - k >= 0 for every v exactly when k <= 1; v - w is bounded on neither
+#   side unless w is v. Any other pair (2*b, b*s, ...) goes to jax.export.
+#
+# tests/test_parse.py checks this route against jax.export on a fuzzed corpus.
+_CALL = re.compile(r"(floordiv|mod|max|min) *\(([^(),]*),([^(),]*)\)")
+
+
+def parse_operation(call: str) -> Poly | None:
+  """The Poly jax.export's route gives for one call "op(A, B)", or None to defer to it."""
+  m = _CALL.fullmatch(call)
+  if m is None:
+    return None
+  op = m.group(1)
+  a, b = parse_polynomial(m.group(2)), parse_polynomial(m.group(3))
+  if a is None or b is None:
+    return None
+  if op in (poly_lib.MAX, poly_lib.MIN) and not _max_min_is_plain(a, b):
+    return None
+  try:
+    return poly_lib._operation(op, a, b)
+  except ZeroDivisionError:   # jax.export's route raises it: let that route say so
+    return None
+
+
+def _max_min_is_plain(a: Poly, b: Poly) -> bool:
+  """Whether JAX decides max/min(a, b) as `poly._operation` does (see above)."""
+  if a.is_constant() and b.is_constant():
+    return True
+  va, vb = _single_var(a), _single_var(b)
+  if va is not None and vb is not None:
+    return True   # the same var: JAX and _operation return it; two vars: the atom
+  k = b.constant if va is not None else a.constant
+  constant = b.is_constant() if va is not None else (vb is not None and a.is_constant())
+  # k <= 1: JAX returns one operand (the var for max, k for min), which
+  # `_operation` does not know; k >= 2: both keep the atom, operands in order.
+  return constant and k >= 2
+
+
+def _single_var(p: Poly) -> Var | None:
+  if len(p.terms) == 1 and p.terms[0][1] == 1 and len(p.terms[0][0]) == 1:
+    (atom, e), = p.terms[0][0]
+    if e == 1 and isinstance(atom, Var):
+      return atom
+  return None
