@@ -176,13 +176,18 @@ class Solver:
 
   # --- the procedure --------------------------------------------------------
   def run(self) -> Ordering:
+    plain = self._plain_difference()
+    if plain is not None:   # the usual case, without building monomials of Vars
+      names, P = plain
+      if all(not any(e) for e in P):
+        return self._constant(P.get((0,) * len(names), 0))
+      return self._decide_plain(names, P)
     diff = self.reduced_difference()
     if all(not mono for mono in diff):
       return self._constant(diff.get((), 0))
     atoms = {a for mono in diff for a, _ in mono}
     if all(isinstance(a, Var) for a in atoms):
-      ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
-      names = sorted({a.name for a in atoms}.union(*(g.variables() for g in ineqs)))
+      names = sorted(a.name for a in atoms)
       index = {n: i for i, n in enumerate(names)}
       P = {}
       for mono, c in diff.items():
@@ -190,10 +195,7 @@ class Solver:
         for a, k in mono:
           e[index[a.name]] = k
         P[tuple(e)] = c
-      box = [self.bound(v) for v in names]
-      gs = [to_dict(g, names) for g in ineqs]
-      res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
-      return self._finish(res, names)
+      return self._decide_plain(names, P)
     d = Poly.from_dict(diff)
     self.probe_randomly(d.variables(), 4)
     if self.witness[1] is not None and self.witness[-1] is not None:
@@ -203,6 +205,72 @@ class Solver:
     res = self._atoms(d, frame)
     res.dim, res.pieces = None, ()
     return self._finish(res, d.variables())
+
+  def _decide_plain(self, names: list[str], P: dict[tuple[int, ...], int]) -> Ordering:
+    """Decides P (exponents over the sorted `names`) with the inequalities that have no atoms.
+
+    Their variables join `names` (they may cut the box), with exponent 0 in P.
+    """
+    ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
+    if ineqs:
+      wider = sorted(set(names).union(*(g.variables() for g in ineqs)))
+      if len(wider) > len(names):
+        cols = [wider.index(n) for n in names]
+        P = {_spread(e, cols, len(wider)): c for e, c in P.items()}
+        names = wider
+    box = [self.bound(v) for v in names]
+    gs = [to_dict(g, names) for g in ineqs]
+    res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
+    return self._finish(res, names)
+
+  def _plain_difference(self) -> tuple[list[str], dict[tuple[int, ...], int]] | None:
+    """(names, P): the reduced lhs - rhs as {exponents over the sorted `names`: coeff}.
+
+    The fast route of `run`, for the usual case: no operation atoms, and every
+    substitution a monomial (s == 128*k). Reducing, subtracting and converting
+    to exponents are then one pass over the terms, with dicts keyed by exponent
+    tuples rather than by monomials of Vars (whose hashes are Python calls).
+    `names` are the variables left after cancellation, as `reduced_difference`
+    leaves them, and P's keys come in its order. None: take the general route.
+    """
+    lhs, rhs = self.lhs, self.rhs
+    if not (_all_vars(lhs) and _all_vars(rhs)):
+      return None
+    subs = {}
+    for v, q in self.cons.substitutions:
+      if len(q.terms) != 1 or not _all_vars(q):
+        return None
+      (qm, qc), = q.terms
+      subs[v] = (qc, tuple((a.name, f) for a, f in qm))
+    variables = lhs.variables() | rhs.variables()
+    if subs:
+      for v in variables & subs.keys():
+        variables = variables.union(n for n, _ in subs[v][1])
+      variables = variables - subs.keys()
+    names = sorted(variables)
+    index = {n: i for i, n in enumerate(names)}
+    zero = [0] * len(names)
+    P: dict[tuple[int, ...], int] = {}
+    for p, sign in ((lhs, 1), (rhs, -1)):
+      for mono, c in p.terms:
+        e = zero.copy()
+        c *= sign
+        for a, k in mono:
+          q = subs.get(a.name) if subs else None
+          if q is None:
+            e[index[a.name]] += k
+          else:   # v^k with v == qc * prod(w^f): qc^k * prod(w^(f*k))
+            c *= q[0] ** k
+            for w, f in q[1]:
+              e[index[w]] += f * k
+        key = tuple(e)
+        P[key] = P.get(key, 0) + c
+    P = {e: c for e, c in P.items() if c}
+    used = [j for j in range(len(names)) if any(e[j] for e in P)]
+    if len(used) < len(names):   # variables that cancelled out
+      names = [names[j] for j in used]
+      P = {tuple(e[j] for j in used): c for e, c in P.items()}
+    return names, P
 
   def reduced_difference(self) -> dict:
     """reduce(lhs) - reduce(rhs) as {monomial: coeff}, skipping Poly's canonical sorting.
@@ -475,6 +543,18 @@ def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
   if a > 0:
     return atom.name, -(c // a), None          # v >= ceil(-c / a)
   return atom.name, None, c // -a              # v <= floor(c / -a)
+
+
+def _all_vars(p: Poly) -> bool:
+  return all(type(a) is Var for a in p.atoms())
+
+
+def _spread(e: tuple[int, ...], cols: list[int], n: int) -> tuple[int, ...]:
+  """Exponents e over a sub-list of names, placed at `cols` of n names (0 elsewhere)."""
+  out = [0] * n
+  for j, x in zip(cols, e):
+    out[j] = x
+  return tuple(out)
 
 
 def _finite(x) -> int:
