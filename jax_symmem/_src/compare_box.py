@@ -99,11 +99,15 @@ class BoxProblem:
     if value is None:
       value = evaluate(self.P, x)
     s = sign_of(value)
-    if s == 0 or (self.ineqs and not self._feasible(x)):
+    if s == 0:
       return
-    self.found[s] = True
     report = (self.on_point is not None and self.search.witness[s] is None
               and self.reports < _REPORTS)
+    if self.found[s] and not report:
+      return   # nothing new to learn here: skip the feasibility check
+    if self.ineqs and not self._feasible(x):
+      return
+    self.found[s] = True
     if s not in self.points or report:
       env = dict(self.fixed)
       env.update(zip(self.names, x))
@@ -120,16 +124,17 @@ class BoxProblem:
     be what makes part of the box infeasible (s >= 2 follows from b*s >= 6, b <= 5).
     """
     n = len(self.names)
-    pinned = [j for j in range(n) if self.box[j][0] == self.box[j][1]]
+    box = self.box
+    pinned = {j: box[j][0] for j in range(n) if box[j][0] == box[j][1]}
     if pinned:
-      self.fixed.update((self.names[j], self.box[j][0]) for j in pinned)
-      self.P = pin(self.P, {j: self.box[j][0] for j in pinned})
-      self.ineqs = [pin(g, {j: self.box[j][0] for j in pinned}) for g in self.ineqs]
+      self.fixed.update((self.names[j], x) for j, x in pinned.items())
+      self.P = pin(self.P, pinned)
+      self.ineqs = [pin(g, pinned) for g in self.ineqs]
     if not self.P:
       return
-    exps = list(self.P)
-    mins = [min(e[j] for e in exps) if self.box[j][0] >= 1 else 0 for j in range(n)]
-    keep = {j for j in range(n) if j not in pinned and any(e[j] > mins[j] for e in exps)}
+    columns = list(zip(*self.P))   # each var's exponents over P's terms
+    mins = [min(col) if box[j][0] >= 1 else 0 for j, col in enumerate(columns)]
+    keep = {j for j, col in enumerate(columns) if j not in pinned and max(col) > mins[j]}
     self.active = len(keep)
     supports = [{j for e in g for j in range(n) if e[j]} for g in self.ineqs]
     grown = True
@@ -146,7 +151,7 @@ class BoxProblem:
     if len(keep) == n and not any(mins):
       return
     keep = sorted(keep)
-    self.P = {tuple(e[j] - mins[j] for j in keep): c for e, c in self.P.items()}
+    self.P = {tuple([e[j] - mins[j] for j in keep]): c for e, c in self.P.items()}
     self.ineqs = [{tuple(e[j] for j in keep): c for e, c in g.items()}
                   for g, sup in zip(self.ineqs, supports) if sup <= set(keep)]
     self.names = [self.names[j] for j in keep]
@@ -225,7 +230,9 @@ class BoxProblem:
 
   def _same_sign(self, s: int) -> bool:
     """All coefficients of one sign and all vars >= 0: every monomial has that sign."""
-    return all(lo >= 0 for lo, _ in self.box) and all(c * s >= 0 for c in self.P.values())
+    if not all(lo >= 0 for lo, _ in self.box):
+      return False
+    return min(self.P.values()) >= 0 if s > 0 else max(self.P.values()) <= 0
 
   def _corner_values(self, j: int) -> tuple[int, ...]:
     lo, hi = self.box[j]

@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import itertools
 import random
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import poly as poly_lib
@@ -25,7 +25,7 @@ from jax_symmem._src.compare_kernel import sign_of, to_dict
 from jax_symmem._src.compare_ordering import (DEPENDS, EQ, GE, LE, UNKNOWN, FrozenEnv, Kind,
                                                Ordering)
 from jax_symmem._src.constraints import Constraints
-from jax_symmem._src.poly import OpAtom, Poly, Var
+from jax_symmem._src.poly import OpAtom, Poly, Var, cached
 
 # Boxes (Bernstein evaluations, univariate splits) one comparison may spend.
 BOX_BUDGET = 4000
@@ -81,7 +81,7 @@ class Solver:
   def bound(self, v: str) -> tuple[int, int | None]:
     return self.bounds.get(v, (1, None))
 
-  @functools.cached_property
+  @cached
   def free_vars(self) -> tuple[str, ...]:
     names = set(self.bounds) | self._constrained
     for p in (self.lhs, self.rhs):
@@ -90,7 +90,7 @@ class Solver:
           names |= {a.name} if isinstance(a, Var) else a.variables()
     return tuple(sorted(names - self.cons.eliminated))
 
-  @functools.cached_property
+  @cached
   def _difference(self) -> list[tuple[int, tuple[tuple[str, int], ...]]] | None:
     """The original lhs - rhs as (coeff, ((var, exp), ...)) terms; None if it has op atoms."""
     terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
@@ -109,7 +109,7 @@ class Solver:
       total += c
     return total
 
-  @functools.cached_property
+  @cached
   def _constrained(self) -> frozenset[str]:
     """Variables that general inequalities mention: completing them takes a search."""
     return frozenset().union(*(g.variables() for g in self.cons.inequalities))
@@ -133,8 +133,11 @@ class Solver:
 
   def complete(self, env: Mapping[str, int]) -> dict[str, int] | None:
     """Fills the free vars `env` lacks so that every constraint holds (small search)."""
-    point = {v: int(env[v]) for v in self.free_vars if v in env}
-    missing = [v for v in self.free_vars if v not in point]
+    free = self.free_vars
+    point = {v: int(env[v]) for v in free if v in env}
+    if len(point) == len(free):   # the usual case: the search below has one trial, `point`
+      return self._checked(point)
+    missing = [v for v in free if v not in point]
     options = []
     for v in missing:
       lo, hi = self.bound(v)
@@ -146,27 +149,38 @@ class Solver:
     for combo in itertools.islice(itertools.product(*options), 256):
       trial = dict(point)
       trial.update(zip(missing, combo))
-      try:
-        full = self.cons.complete(trial)
-        if self.cons.violation(full) is None:
-          return full
-      except ZeroDivisionError:
-        pass
+      full = self._checked(trial)
+      if full is not None:
+        return full
     return None
 
-  def samples(self, names: Iterable[str], count: int) -> list[dict[str, int]]:
-    """Corners, centre and seeded random points of the box of `names` (near lo, too)."""
+  def _checked(self, trial: dict[str, int]) -> dict[str, int] | None:
+    """`trial` with the eliminated vars filled in, if that satisfies every constraint."""
+    try:
+      full = self.cons.complete(trial)
+      if self.cons.violation(full) is None:
+        return full
+    except ZeroDivisionError:
+      pass
+    return None
+
+  def samples(self, names: Iterable[str], count: int) -> Iterator[dict[str, int]]:
+    """Corners, centre and seeded random points of the box of `names` (near lo, too).
+
+    Drawn lazily: callers stop at the first points that settle what they look for.
+    """
     names = sorted(names)
     rng = random.Random(0)
     axes = []
     for v in names:
       lo, hi = self.bound(v)
       axes.append((lo, hi if hi is not None else max(2 * lo, 1 << 12)))
-    points = list(itertools.islice(itertools.product(*axes), 16))
-    points.append(tuple((a + b) // 2 for a, b in axes))
-    points += [tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)]
-    points += [tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)]
-    return [dict(zip(names, x)) for x in points]
+    points = itertools.chain(
+        itertools.islice(itertools.product(*axes), 16),
+        (tuple((a + b) // 2 for a, b in axes),),
+        (tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)),
+        (tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)))
+    return (dict(zip(names, x)) for x in points)
 
   def probe_randomly(self, names: Iterable[str], count: int) -> None:
     for env in self.samples(names, count):

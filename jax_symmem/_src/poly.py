@@ -24,7 +24,7 @@ MIN = "min"
 OPERATIONS = (FLOORDIV, MOD, MAX, MIN)
 
 
-class _cached:
+class cached:
   """`functools.cached_property` without its lock (Python 3.11 takes it on every first read)."""
 
   def __init__(self, fn):
@@ -46,7 +46,7 @@ class Var:
   def __hash__(self) -> int:   # cheaper than the generated hash((name,)); equality is by name
     return hash(self.name)
 
-  @_cached
+  @cached
   def sort_key(self) -> tuple:
     return (0, self.name)
 
@@ -73,7 +73,7 @@ class OpAtom:
     if self.op not in OPERATIONS:
       raise ValueError(f"unknown dimension operation {self.op!r}")
 
-  @_cached
+  @cached
   def sort_key(self) -> tuple:
     return (1, self.op, tuple(o.sort_key for o in self.operands))
 
@@ -84,7 +84,7 @@ class OpAtom:
   def variables(self) -> frozenset[str]:
     return self._variables
 
-  @_cached
+  @cached
   def _variables(self) -> frozenset[str]:
     return frozenset().union(*(o.variables() for o in self.operands))
 
@@ -195,7 +195,7 @@ class Poly:
     raise TypeError(f"cannot use {x!r} of type {type(x).__name__} as a dimension polynomial")
 
   # --- queries ------------------------------------------------------------
-  @_cached
+  @cached
   def sort_key(self) -> tuple:
     return tuple((_mono_key(m), c) for m, c in self.terms)
 
