@@ -280,10 +280,10 @@ class Solver:
         key = tuple(e)
         P[key] = P.get(key, 0) + c
     P = {e: c for e, c in P.items() if c}
-    used = [j for j in range(len(names)) if any(e[j] for e in P)]
+    used = [j for j, col in enumerate(zip(*P)) if any(col)]
     if len(used) < len(names):   # variables that cancelled out
       names = [names[j] for j in used]
-      P = {tuple(e[j] for j in used): c for e, c in P.items()}
+      P = {tuple([e[j] for j in used]): c for e, c in P.items()}
     return names, P
 
   def reduced_difference(self) -> dict:

@@ -213,9 +213,39 @@ def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None
   return None
 
 
+def _bounds_only(source: tuple[str, ...]) -> Constraints | None:
+  """`normalize` where every constraint is 'var REL int' (the common case), else None.
+
+  The bound arithmetic of `normalize`'s step 2 without its bookkeeping
+  (comparisons are cheap enough to normalize per call). A contradiction
+  returns None: the general route words the error.
+  """
+  lo: dict[str, int] = {}
+  hi: dict[str, int | None] = {}
+  for c in source:
+    m = _VAR_REL_INT.fullmatch(c)
+    if m is None or m.group(1) in parse_lib.RESERVED:
+      return None
+    v, rel, n = m.group(1), m.group(2), int(m.group(3))
+    if v not in lo:
+      lo[v], hi[v] = 1, None
+    if rel[0] == ">":
+      lo[v] = max(lo[v], n + (rel == ">"))
+    else:
+      bound = n - (rel == "<")
+      hi[v] = bound if hi[v] is None else min(hi[v], bound)
+  bounds = tuple((v, lo[v], hi[v]) for v in sorted(lo))
+  if any(h is not None and l > h for _, l, h in bounds):
+    return None
+  return Constraints(bounds=bounds, source=source)
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def normalize(source: tuple[str, ...]) -> Constraints:
   """The normalized form of the constraint strings `source` (cached by the strings)."""
+  fast = _bounds_only(source)
+  if fast is not None:
+    return fast
   relations = []
   all_vars: set[str] = set()
   for c in source:

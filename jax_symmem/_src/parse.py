@@ -80,12 +80,27 @@ def parse_polynomial(expr: str) -> Poly | None:
       return None
   if terms is None:
     return None
-  # The canonical order of `Poly.from_dict` (poly._mono_key): every atom is a
-  # variable, whose sort key is (0, name), so names order the same way.
-  keyed = sorted(
-      ((-sum(e for _, e in mono), tuple((n, -e) for n, e in mono)), mono, c)
-      for mono, c in terms.items() if c)
-  return Poly(tuple((tuple((_var(n), e) for n, e in mono), c) for _, mono, c in keyed))
+  return _canonical(terms)
+
+
+def _canonical(terms: dict[tuple[tuple[str, int], ...], int]) -> Poly:
+  """The Poly of {((name, exponent), ... sorted by name): coeff}, in canonical order.
+
+  The order of `Poly.from_dict` (poly._mono_key): every atom is a variable,
+  whose sort key is (0, name), so names order the same way. Keys are distinct
+  per monomial, so sorting the rows never compares past them.
+  """
+  rows = []
+  for mono, c in terms.items():
+    if c:
+      degree = 0
+      key = []
+      for name, e in mono:
+        degree += e
+        key.append((name, -e))
+      rows.append(((-degree, tuple(key)), mono, c))
+  rows.sort()
+  return Poly(tuple([(tuple([(_var(n), e) for n, e in mono]), c) for _, mono, c in rows]))
 
 
 # The common case, checked by one regex: signs only between terms (and one in

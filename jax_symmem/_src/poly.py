@@ -228,7 +228,10 @@ class Poly:
     except KeyError:
       names: set[str] = set()
       for a in self.atoms():
-        names |= a.variables()
+        if type(a) is Var:   # most atoms: no frozenset per variable
+          names.add(a.name)
+        else:
+          names |= a.variables()
       out = frozenset(names)
       object.__setattr__(self, "_variables", out)
       return out
