@@ -134,21 +134,26 @@ def test_declared_multiple_matches_the_algebra(before, after):
   assert all(r == results[0] for r in results), results
 
 
-def test_bounds_only_shortcut_matches_the_general_route():
-  # Sets of 'var REL int' normalize without the general route's bookkeeping; written
-  # with '+ 0' each takes the parser and the algebra, and must normalize identically
-  # (contradictions included).
+def test_shortcut_matches_the_general_route():
+  # Bounds 'var REL int' and one declared multiple 'v == n*w' normalize without the
+  # general route's bookkeeping; written with '+ 0' each takes the parser and the
+  # algebra, and must normalize identically (contradictions included).
   rng = random.Random(0)
-  for _ in range(400):
-    source = tuple(f"{rng.choice('bsk')} {rng.choice(['<=', '>=', '<', '>'])} {rng.choice([0, 1, 2, 5, 64, 4096])}"
-                   for _ in range(rng.randint(0, 4)))
+  for _ in range(600):
+    source = [f"{rng.choice('bsk')} {rng.choice(['<=', '>=', '<', '>'])} {rng.choice([0, 1, 2, 5, 64, 4096])}"
+              for _ in range(rng.randint(0, 4))]
+    if rng.random() < 0.5:
+      v, w = rng.sample("bsk", 2)
+      source.insert(rng.randint(0, len(source)), f"{v} == {rng.choice([1, 2, 128])}*{w}")
+    source = tuple(source)
     results = []
     for src in (source, tuple(c + " + 0" for c in source)):
       constraints_lib.normalize.cache_clear()
       try:
-        results.append(constraints_lib.normalize(src).bounds)
+        c = constraints_lib.normalize(src)
+        results.append((c.bounds, c.substitutions, c.inequalities))
       except ConstraintError as e:
         results.append(str(e).replace(" + 0", ""))   # the message quotes the strings
     assert results[0] == results[1], source
     if not isinstance(results[0], str):
-      assert constraints_lib._bounds_only(source) == constraints_lib.normalize(source)
+      assert constraints_lib._shortcut(source) == constraints_lib.normalize(source)

@@ -94,6 +94,15 @@ class BoxProblem:
   def _feasible(self, x: Sequence[int]) -> bool:
     return all(evaluate(g, x) >= 0 for g in self.ineqs)
 
+  def _reporting(self, s: int) -> bool:
+    """Whether a feasible point of sign s goes to `on_point` (a witness of s is still wanted)."""
+    return (self.on_point is not None and self.search.witness[s] is None
+            and self.reports < _REPORTS)
+
+  def _news(self, s: int) -> bool:
+    """Whether a point of sign s can change anything `_point` records."""
+    return not self.found[s] or self._reporting(s)
+
   def _point(self, x: Sequence[int], value: int | None = None) -> None:
     """Records the sign of P at integer point x (when x is feasible)."""
     if value is None:
@@ -101,8 +110,7 @@ class BoxProblem:
     s = sign_of(value)
     if s == 0:
       return
-    report = (self.on_point is not None and self.search.witness[s] is None
-              and self.reports < _REPORTS)
+    report = self._reporting(s)
     if self.found[s] and not report:
       return   # nothing new to learn here: skip the feasibility check
     if self.ineqs and not self._feasible(x):
@@ -298,8 +306,8 @@ class BoxProblem:
           self._point(x)
         continue
       B = dense.bernstein(box)
-      for bits, idx in dense.corner_index:
-        if B[idx]:
+      for bits, idx in dense.corner_index:   # corner coefficients are P at the corners
+        if B[idx] and self._news(sign_of(B[idx])):
           self._point(tuple(hi if b else lo for b, (lo, hi) in zip(bits, box)), B[idx])
       if (open_ge and min(B) < 0) or (open_le and max(B) > 0):
         j = dense.split_axis(B, box)

@@ -93,10 +93,10 @@ class Solver:
   @cached
   def _difference(self) -> list[tuple[int, tuple[tuple[str, int], ...]]] | None:
     """The original lhs - rhs as (coeff, ((var, exp), ...)) terms; None if it has op atoms."""
-    terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
-    if any(not isinstance(a, Var) for _, m in terms for a, _ in m):
+    if not (_all_vars(self.lhs) and _all_vars(self.rhs)):
       return None
-    return [(c, tuple((a.name, e) for a, e in m)) for c, m in terms]
+    terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
+    return [(c, tuple([(a.name, e) for a, e in m])) for c, m in terms]
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
@@ -138,6 +138,9 @@ class Solver:
     if len(point) == len(free):   # the usual case: the search below has one trial, `point`
       return self._checked(point)
     missing = [v for v in free if v not in point]
+    if self._constrained.isdisjoint(missing):   # one trial: each at its lower bound
+      point.update((v, self.bound(v)[0]) for v in missing)
+      return self._checked(point)
     options = []
     for v in missing:
       lo, hi = self.bound(v)

@@ -213,37 +213,55 @@ def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None
   return None
 
 
-def _bounds_only(source: tuple[str, ...]) -> Constraints | None:
-  """`normalize` where every constraint is 'var REL int' (the common case), else None.
+def _shortcut(source: tuple[str, ...]) -> Constraints | None:
+  """`normalize` for the common sources, else None: 'var REL int' bounds and at most
+  one declared multiple 'v == n*w' (then the first equality, so v is eliminated).
 
-  The bound arithmetic of `normalize`'s step 2 without its bookkeeping
-  (comparisons are cheap enough to normalize per call). A contradiction
-  returns None: the general route words the error.
+  The same arithmetic as `normalize`'s steps 1-2 (each bound as a*v + c0 >= 0,
+  a bound on v moved to w, v >= 1 kept as a bound on w) without its
+  bookkeeping: comparisons normalize their constraints on every fresh call. A
+  contradiction returns None, so that the general route words the error.
   """
-  lo: dict[str, int] = {}
-  hi: dict[str, int | None] = {}
+  relations: list[tuple[str, int, int]] = []   # (var, a, c0): a*var + c0 >= 0, a = +-1
+  multiple = None
   for c in source:
     m = _VAR_REL_INT.fullmatch(c)
-    if m is None or m.group(1) in parse_lib.RESERVED:
+    if m is not None and m.group(1) not in parse_lib.RESERVED:
+      rel = m.group(2)
+      a = 1 if rel[0] == ">" else -1
+      relations.append((m.group(1), a, -a * int(m.group(3)) - (len(rel) == 1)))
+      continue
+    m = _VAR_EQ_MULTIPLE.fullmatch(c)
+    if (m is None or multiple is not None or m.group(1) == m.group(3)
+        or parse_lib.RESERVED.intersection(m.group(1, 3))):
       return None
-    v, rel, n = m.group(1), m.group(2), int(m.group(3))
-    if v not in lo:
-      lo[v], hi[v] = 1, None
-    if rel[0] == ">":
-      lo[v] = max(lo[v], n + (rel == ">"))
+    multiple = m.group(1), int(m.group(2)), m.group(3)
+  variables = {v for v, _, _ in relations}
+  substitutions = ()
+  if multiple is not None:
+    v, n, w = multiple
+    relations.append((v, 1, -1))   # v is a dimension too
+    relations = [(w, a * n, c0) if x == v else (x, a, c0) for x, a, c0 in relations]
+    variables = (variables - {v}) | {w}
+    substitutions = ((v, Poly(((((Var(w), 1),), n),))),)
+  lo = dict.fromkeys(variables, 1)
+  hi: dict[str, int | None] = dict.fromkeys(variables)
+  for x, a, c0 in relations:
+    if a > 0:
+      lo[x] = max(lo[x], -(c0 // a))
     else:
-      bound = n - (rel == "<")
-      hi[v] = bound if hi[v] is None else min(hi[v], bound)
-  bounds = tuple((v, lo[v], hi[v]) for v in sorted(lo))
+      bound = c0 // -a
+      hi[x] = bound if hi[x] is None else min(hi[x], bound)
+  bounds = tuple((x, lo[x], hi[x]) for x in sorted(variables))
   if any(h is not None and l > h for _, l, h in bounds):
     return None
-  return Constraints(bounds=bounds, source=source)
+  return Constraints(bounds=bounds, substitutions=substitutions, source=source)
 
 
 @functools.lru_cache(maxsize=1 << 12)
 def normalize(source: tuple[str, ...]) -> Constraints:
   """The normalized form of the constraint strings `source` (cached by the strings)."""
-  fast = _bounds_only(source)
+  fast = _shortcut(source)
   if fast is not None:
     return fast
   relations = []
