@@ -83,29 +83,31 @@ class Solver:
 
   @cached
   def free_vars(self) -> tuple[str, ...]:
-    names = set(self.bounds) | self._constrained
-    for p in (self.lhs, self.rhs):
-      for mono, _ in p.terms:
-        for a, _ in mono:
-          names |= {a.name} if isinstance(a, Var) else a.variables()
+    names = set(self.bounds) | self._constrained | self.lhs.variables() | self.rhs.variables()
     return tuple(sorted(names - self.cons.eliminated))
 
   @cached
-  def _difference(self) -> list[tuple[int, tuple[tuple[str, int], ...]]] | None:
-    """The original lhs - rhs as (coeff, ((var, exp), ...)) terms; None if it has op atoms."""
-    if not (_all_vars(self.lhs) and _all_vars(self.rhs)):
-      return None
-    terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
-    return [(c, tuple([(a.name, e) for a, e in m])) for c, m in terms]
+  def _difference(self) -> tuple[list, list[tuple[int, tuple[tuple[int, int], ...]]]]:
+    """The original lhs - rhs flattened for exact evaluation: (atoms, terms).
+
+    `atoms` are its distinct atoms, so that an operation atom shared by the two
+    sides is evaluated once per point; a term is (coeff, ((atom index, exp), ...)).
+    """
+    index: dict = {}
+    terms = []
+    for p, sign in ((self.lhs, 1), (self.rhs, -1)):
+      for mono, c in p.terms:
+        terms.append((sign * c, tuple([(index.setdefault(a, len(index)), e) for a, e in mono])))
+    return list(index), terms
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
-    if self._difference is None:
-      return self.lhs.evaluate(env) - self.rhs.evaluate(env)
+    atoms, terms = self._difference
+    values = [env[a.name] if type(a) is Var else a.evaluate(env) for a in atoms]
     total = 0
-    for c, mono in self._difference:
-      for name, e in mono:
-        c *= env[name] ** e
+    for c, mono in terms:
+      for i, e in mono:
+        c *= values[i] ** e
       total += c
     return total
 
@@ -563,7 +565,12 @@ def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
 
 
 def _all_vars(p: Poly) -> bool:
-  return all(type(a) is Var for a in p.atoms())
+  """No operation atoms in p (a scan of the terms: cheaper than p.atoms() on a fresh Poly)."""
+  for mono, _ in p.terms:
+    for a, _ in mono:
+      if type(a) is not Var:
+        return False
+  return True
 
 
 def _spread(e: tuple[int, ...], cols: list[int], n: int) -> tuple[int, ...]:

@@ -222,7 +222,7 @@ def _shortcut(source: tuple[str, ...]) -> Constraints | None:
   bookkeeping: comparisons normalize their constraints on every fresh call. A
   contradiction returns None, so that the general route words the error.
   """
-  relations: list[tuple[str, int, int]] = []   # (var, a, c0): a*var + c0 >= 0, a = +-1
+  relations: list[tuple[str, int, int]] = []   # (var, a, c0): a*var + c0 >= 0
   multiple = None
   for c in source:
     m = _VAR_REL_INT.fullmatch(c)
@@ -236,26 +236,28 @@ def _shortcut(source: tuple[str, ...]) -> Constraints | None:
         or parse_lib.RESERVED.intersection(m.group(1, 3))):
       return None
     multiple = m.group(1), int(m.group(2)), m.group(3)
-  variables = {v for v, _, _ in relations}
   substitutions = ()
   if multiple is not None:
     v, n, w = multiple
     relations.append((v, 1, -1))   # v is a dimension too
     relations = [(w, a * n, c0) if x == v else (x, a, c0) for x, a, c0 in relations]
-    variables = (variables - {v}) | {w}
     substitutions = ((v, Poly(((((Var(w), 1),), n),))),)
-  lo = dict.fromkeys(variables, 1)
-  hi: dict[str, int | None] = dict.fromkeys(variables)
+  lo: dict[str, int] = {}
+  hi: dict[str, int | None] = {}
   for x, a, c0 in relations:
-    if a > 0:
+    if x not in lo:
+      lo[x], hi[x] = 1, None
+    if a > 0:   # a*x + c0 >= 0  ->  x >= ceil(-c0 / a)
       lo[x] = max(lo[x], -(c0 // a))
-    else:
+    else:       # x <= floor(c0 / -a)
       bound = c0 // -a
       hi[x] = bound if hi[x] is None else min(hi[x], bound)
-  bounds = tuple((x, lo[x], hi[x]) for x in sorted(variables))
-  if any(h is not None and l > h for _, l, h in bounds):
-    return None
-  return Constraints(bounds=bounds, substitutions=substitutions, source=source)
+  bounds = []
+  for x in sorted(lo):
+    if hi[x] is not None and lo[x] > hi[x]:
+      return None
+    bounds.append((x, lo[x], hi[x]))
+  return Constraints(bounds=tuple(bounds), substitutions=substitutions, source=source)
 
 
 @functools.lru_cache(maxsize=1 << 12)

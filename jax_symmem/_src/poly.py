@@ -213,28 +213,29 @@ class Poly:
         return c
     return 0
 
+  # atoms() and variables() are cached on the instance; a fresh Poly (one per
+  # parsed string) misses once, so the miss path avoids raising an exception.
   def atoms(self) -> frozenset[Atom]:
-    try:
-      return self.__dict__["_atoms"]
-    except KeyError:
-      out = frozenset(a for m, _ in self.terms for a, _ in m)
+    out = self.__dict__.get("_atoms")
+    if out is None:
+      out = frozenset([a for m, _ in self.terms for a, _ in m])
       object.__setattr__(self, "_atoms", out)
-      return out
+    return out
 
   def variables(self) -> frozenset[str]:
     """All dimension variable names, including those inside operation atoms."""
-    try:
-      return self.__dict__["_variables"]
-    except KeyError:
+    out = self.__dict__.get("_variables")
+    if out is None:
       names: set[str] = set()
-      for a in self.atoms():
-        if type(a) is Var:   # most atoms: no frozenset per variable
-          names.add(a.name)
-        else:
-          names |= a.variables()
+      for m, _ in self.terms:   # names straight from the terms: Var hashes are Python calls
+        for a, _ in m:
+          if type(a) is Var:
+            names.add(a.name)
+          else:
+            names |= a.variables()
       out = frozenset(names)
       object.__setattr__(self, "_variables", out)
-      return out
+    return out
 
   def degree(self) -> int:
     return max((sum(e for _, e in m) for m, _ in self.terms), default=0)
