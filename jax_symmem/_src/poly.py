@@ -261,15 +261,34 @@ class Poly:
     return total
 
   def substitute(self, mapping: Mapping[Atom, "Poly"]) -> "Poly":
-    """Replaces atoms by polynomials (atoms not in `mapping` stay)."""
+    """Replaces atoms by polynomials (atoms not in `mapping` stay).
+
+    A replacement by a monomial (another atom, a constant, 128*k: most of
+    them) only moves exponents and scales the coefficient; the others are
+    multiplied out.
+    """
+    monomials = {a: q.terms[0] for a, q in mapping.items() if len(q.terms) == 1}
     out: dict[Monomial, int] = {}
     for m, c in self.terms:
-      t: dict[Monomial, int] = {(): c}
+      exps: dict[Atom, int] = {}
+      rest = None   # the product of the other replacements, as terms
       for a, e in m:
-        factor = mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),))
-        t = _mul_terms(t.items(), factor.terms)
-      for mono, coeff in t.items():
-        out[mono] = out.get(mono, 0) + coeff
+        if a not in mapping:
+          exps[a] = exps.get(a, 0) + e
+        elif a in monomials:
+          qm, qc = monomials[a]
+          c *= qc ** e
+          for b, f in qm:
+            exps[b] = exps.get(b, 0) + f * e
+        else:
+          factor = (mapping[a] ** e).terms
+          rest = factor if rest is None else tuple(_mul_terms(rest, factor).items())
+      mono = tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
+      if rest is None:
+        out[mono] = out.get(mono, 0) + c
+      else:
+        for m2, c2 in _mul_terms(((mono, c),), rest).items():
+          out[m2] = out.get(m2, 0) + c2
     return Poly.from_dict(out)
 
   # --- arithmetic ---------------------------------------------------------
