@@ -90,20 +90,22 @@ class Solver:
   def _difference(self) -> tuple[list, list[tuple[int, tuple[tuple[int, int], ...]]]]:
     """The original lhs - rhs flattened for exact evaluation: (atoms, terms).
 
-    `atoms` are its distinct atoms, so that an operation atom shared by the two
-    sides is evaluated once per point; a term is (coeff, ((atom index, exp), ...)).
+    `atoms` are its distinct atoms, a var by its name (a str hashes in C, a Var
+    in Python), so that an operation atom shared by the two sides is evaluated
+    once per point; a term is (coeff, ((atom index, exp), ...)).
     """
     index: dict = {}
     terms = []
     for p, sign in ((self.lhs, 1), (self.rhs, -1)):
       for mono, c in p.terms:
-        terms.append((sign * c, tuple([(index.setdefault(a, len(index)), e) for a, e in mono])))
+        terms.append((sign * c, tuple([(index.setdefault(a.name if type(a) is Var else a, len(index)), e)
+                                       for a, e in mono])))
     return list(index), terms
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
     atoms, terms = self._difference
-    values = [env[a.name] if type(a) is Var else a.evaluate(env) for a in atoms]
+    values = [env[a] if type(a) is str else a.evaluate(env) for a in atoms]
     total = 0
     for c, mono in terms:
       for i, e in mono:
