@@ -107,9 +107,9 @@ class BoxProblem:
     """Records the sign of P at integer point x (when x is feasible)."""
     if value is None:
       value = evaluate(self.P, x)
-    s = sign_of(value)
-    if s == 0:
+    if not value:
       return
+    s = 1 if value > 0 else -1
     report = self._reporting(s)
     if self.found[s] and not report:
       return   # nothing new to learn here: skip the feasibility check
@@ -145,6 +145,19 @@ class BoxProblem:
     keep = {j for j, col in enumerate(columns) if j not in pinned and max(col) > mins[j]}
     self.active = len(keep)
     supports = [{j for e in g for j in range(n) if e[j]} for g in self.ineqs]
+    if supports:
+      self._keep_linked(keep, supports)
+    if len(keep) == n and not any(mins):
+      return
+    keep = sorted(keep)
+    self.P = {tuple([e[j] - mins[j] for j in keep]): c for e, c in self.P.items()}
+    self.ineqs = [{tuple(e[j] for j in keep): c for e, c in g.items()}
+                  for g, sup in zip(self.ineqs, supports) if sup <= set(keep)]
+    self.names = [self.names[j] for j in keep]
+    self.box = [self.box[j] for j in keep]
+
+  def _keep_linked(self, keep: set[int], supports: list[set[int]]) -> None:
+    """Adds to `keep` the vars inequalities link to it; sets `empty` if one never holds."""
     grown = True
     while grown:
       grown = False
@@ -156,14 +169,6 @@ class BoxProblem:
     # (a case of max/min that cannot happen); then every claim holds vacuously.
     self.empty = any(not sup & keep and self._never_holds(g)
                      for g, sup in zip(self.ineqs, supports))
-    if len(keep) == n and not any(mins):
-      return
-    keep = sorted(keep)
-    self.P = {tuple([e[j] - mins[j] for j in keep]): c for e, c in self.P.items()}
-    self.ineqs = [{tuple(e[j] for j in keep): c for e, c in g.items()}
-                  for g, sup in zip(self.ineqs, supports) if sup <= set(keep)]
-    self.names = [self.names[j] for j in keep]
-    self.box = [self.box[j] for j in keep]
 
   def _never_holds(self, g) -> bool:
     """Proves g <= -1 on the box: no point satisfies g >= 0."""

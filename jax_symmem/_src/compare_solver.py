@@ -84,7 +84,8 @@ class Solver:
   @cached
   def free_vars(self) -> tuple[str, ...]:
     names = set(self.bounds) | self._constrained | self.lhs.variables() | self.rhs.variables()
-    return tuple(sorted(names - self.cons.eliminated))
+    names.difference_update([v for v, _ in self.cons.substitutions])
+    return tuple(sorted(names))
 
   @cached
   def _difference(self) -> tuple[list, list[tuple[int, tuple[tuple[int, int], ...]]]]:
@@ -116,7 +117,8 @@ class Solver:
   @cached
   def _constrained(self) -> frozenset[str]:
     """Variables that general inequalities mention: completing them takes a search."""
-    return frozenset().union(*(g.variables() for g in self.cons.inequalities))
+    ineqs = self.cons.inequalities
+    return frozenset().union(*[g.variables() for g in ineqs]) if ineqs else frozenset()
 
   def probe(self, env: Mapping[str, int]) -> int | None:
     """Exact sign of the original lhs - rhs at a completed, feasible `env` (records witnesses)."""
@@ -233,14 +235,15 @@ class Solver:
     Their variables join `names` (they may cut the box), with exponent 0 in P.
     """
     ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
+    gs = []
     if ineqs:
       wider = sorted(set(names).union(*(g.variables() for g in ineqs)))
       if len(wider) > len(names):
         cols = [wider.index(n) for n in names]
         P = {_spread(e, cols, len(wider)): c for e, c in P.items()}
         names = wider
+      gs = [to_dict(g, names) for g in ineqs]
     box = [self.bound(v) for v in names]
-    gs = [to_dict(g, names) for g in ineqs]
     res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
     return self._finish(res, names)
 
