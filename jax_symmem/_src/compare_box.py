@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from typing import Callable, Mapping, Sequence
 
 from jax_symmem._src.compare_kernel import Dense, evaluate, pin, shift, sign_of
@@ -147,7 +148,9 @@ class BoxProblem:
     supports = [{j for e in g for j in range(n) if e[j]} for g in self.ineqs]
     if supports:
       self._keep_linked(keep, supports)
-    if len(keep) == n and not any(mins):
+    if len(keep) == n:   # the common monomial divides out (when some min is > 0)
+      if any(mins):
+        self.P = {tuple(map(operator.sub, e, mins)): c for e, c in self.P.items()}
       return
     keep = sorted(keep)
     self.P = {tuple([e[j] - mins[j] for j in keep]): c for e, c in self.P.items()}
