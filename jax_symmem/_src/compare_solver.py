@@ -88,29 +88,30 @@ class Solver:
     return tuple(sorted(names))
 
   @cached
-  def _difference(self) -> tuple[list, list[tuple[int, tuple[tuple[int, int], ...]]]]:
-    """The original lhs - rhs flattened for exact evaluation: (atoms, terms).
+  def _difference(self) -> list[tuple[int, tuple[tuple[object, int], ...]]]:
+    """The original lhs - rhs as (coeff, ((key, exp), ...)) terms, for exact evaluation.
 
-    `atoms` are its distinct atoms, a var by its name (a str hashes in C, a Var
-    in Python), so that an operation atom shared by the two sides is evaluated
-    once per point; a term is (coeff, ((atom index, exp), ...)).
+    A var's key is its name (a str hashes in C, a Var in Python); an operation
+    atom's key is the atom, evaluated once per point (`_operations`).
     """
-    index: dict = {}
-    terms = []
-    for p, sign in ((self.lhs, 1), (self.rhs, -1)):
-      for mono, c in p.terms:
-        terms.append((sign * c, tuple([(index.setdefault(a.name if type(a) is Var else a, len(index)), e)
-                                       for a, e in mono])))
-    return list(index), terms
+    return [(sign * c, tuple([(a.name if type(a) is Var else a, e) for a, e in m]))
+            for p, sign in ((self.lhs, 1), (self.rhs, -1)) for m, c in p.terms]
+
+  @cached
+  def _operations(self) -> frozenset[OpAtom]:
+    return frozenset(a for p in (self.lhs, self.rhs) for m, _ in p.terms for a, _ in m
+                     if type(a) is not Var)
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
-    atoms, terms = self._difference
-    values = [env[a] if type(a) is str else a.evaluate(env) for a in atoms]
+    values = env
+    if self._operations:
+      values = dict(env)
+      values.update((a, a.evaluate(env)) for a in self._operations)
     total = 0
-    for c, mono in terms:
-      for i, e in mono:
-        c *= values[i] ** e
+    for c, mono in self._difference:
+      for key, e in mono:
+        c *= values[key] ** e
       total += c
     return total
 
