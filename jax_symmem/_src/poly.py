@@ -73,6 +73,19 @@ class OpAtom:
     if self.op not in OPERATIONS:
       raise ValueError(f"unknown dimension operation {self.op!r}")
 
+  def __hash__(self) -> int:
+    # The generated hash((op, operands)), once: atoms key the dicts of Poly arithmetic.
+    try:
+      return self.__dict__["_hash"]
+    except KeyError:
+      h = hash((self.op, self.operands))
+      object.__setattr__(self, "_hash", h)
+      return h
+
+  def __getstate__(self) -> dict:
+    # The fields only: the cached hash depends on the process's string-hash seed.
+    return {"op": self.op, "operands": self.operands}
+
   @cached
   def sort_key(self) -> tuple:
     return (1, self.op, tuple(o.sort_key for o in self.operands))
@@ -163,6 +176,10 @@ class Poly:
       h = hash(self.terms)
       object.__setattr__(self, "_hash", h)
       return h
+
+  def __getstate__(self) -> dict:
+    # Only the terms: the cached hash depends on the process's string-hash seed.
+    return {"terms": self.terms}
 
   # --- constructors -------------------------------------------------------
   @staticmethod
