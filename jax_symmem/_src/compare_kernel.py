@@ -11,7 +11,6 @@ import functools
 import itertools
 import math
 import operator
-from math import prod as _prod
 from typing import Mapping, Sequence
 
 from jax_symmem._src.poly import Poly
@@ -31,7 +30,7 @@ def to_dict(p: Poly, names: Sequence[str]) -> dict[tuple[int, ...], int]:
 def evaluate(P: Mapping[tuple[int, ...], int], x: Sequence[int]) -> int:
   total = 0
   for e, c in P.items():
-    total += c * _prod(map(pow, x, e))   # x^0 == 1: zero exponents cost a C call, not a branch
+    total += c * math.prod(map(pow, x, e))   # x^0 == 1: zero exponents cost a C call, not a branch
   return total
 
 
