@@ -150,6 +150,14 @@ def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
   return tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
 
 
+def _power(cache: dict, a, terms, e: int):
+  """terms**e (e >= 1) as unsorted terms; cache[a] keeps the powers found so far."""
+  found = cache.setdefault(a, [terms])
+  while len(found) < e:
+    found.append(tuple(_mul_terms(found[-1], terms).items()))
+  return found[e - 1]
+
+
 def _mul_terms(t1, t2) -> dict[Monomial, int]:
   d: dict[Monomial, int] = {}
   for m1, c1 in t1:
@@ -285,6 +293,7 @@ class Poly:
     multiplied out.
     """
     monomials = {a: q.terms[0] for a, q in mapping.items() if len(q.terms) == 1}
+    powers: dict[Atom, list] = {}   # the other replacements' powers, as unsorted terms
     out: dict[Monomial, int] = {}
     for m, c in self.terms:
       exps: dict[Atom, int] = {}
@@ -298,7 +307,7 @@ class Poly:
           for b, f in qm:
             exps[b] = exps.get(b, 0) + f * e
         else:
-          factor = (mapping[a] ** e).terms
+          factor = _power(powers, a, mapping[a].terms, e)
           rest = factor if rest is None else tuple(_mul_terms(rest, factor).items())
       mono = tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
       if rest is None:
