@@ -16,7 +16,7 @@ import itertools
 import operator
 from typing import Callable, Mapping, Sequence
 
-from jax_symmem._src.compare_kernel import Dense, evaluate, pin, shift, sign_of
+from jax_symmem._src.compare_kernel import Dense, evaluate, pin, shift, sign_of, top_degree_signs
 from jax_symmem._src.compare_ordering import Piece
 from jax_symmem._src.compare_univariate import univariate_pieces
 
@@ -270,6 +270,11 @@ class BoxProblem:
     box checks anyway.
     """
     if not (want_ge or want_le) or not self.search.spend():
+      return False, False
+    signs = top_degree_signs(self.P)   # kept by the shift: a wrong one fails that side
+    want_ge = want_ge and -1 not in signs
+    want_le = want_le and 1 not in signs
+    if not (want_ge or want_le):
       return False, False
     Q = shift(self.P, [lo for lo, _ in self.box], [1] * len(self.box))
     return (want_ge and all(v >= 0 for v in Q.values()),

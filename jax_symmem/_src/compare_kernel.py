@@ -60,6 +60,16 @@ def shift(P, origin: Sequence[int], signs: Sequence[int]):
   return {t: v for t, v in out.items() if v}
 
 
+def top_degree_signs(P) -> set[int]:
+  """The signs of P's coefficients of top total degree.
+
+  A Taylor shift P(x0 + y) keeps them: every other term of the expansion of
+  x^e has a lower degree, so only e itself reaches y^e at the top degree.
+  """
+  top = max(map(sum, P))
+  return {1 if c > 0 else -1 for e, c in P.items() if c and sum(e) == top}
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def bmatrix(n: int, a: int, w: int) -> tuple[tuple[int, ...], ...]:
   """Row i: the degree-n Bernstein coefficient i of x^e on [a, a+w], times n! (exact ints)."""
