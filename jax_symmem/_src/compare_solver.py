@@ -89,31 +89,32 @@ class Solver:
 
   @cached
   def _difference(self) -> list[tuple[int, tuple[tuple[object, int], ...]]]:
-    """The original lhs - rhs as (coeff, ((key, exp), ...)) terms, for exact evaluation.
+    """The original lhs - rhs as `_flat` terms, for exact evaluation.
 
     A var's key is its name (a str hashes in C, a Var in Python); an operation
     atom's key is the atom, evaluated once per point (`_operations`).
     """
-    return [(sign * c, tuple([(a.name if type(a) is Var else a, e) for a, e in m]))
-            for p, sign in ((self.lhs, 1), (self.rhs, -1)) for m, c in p.terms]
+    return _flat(self.lhs) + _flat(self.rhs, -1)
 
   @cached
-  def _operations(self) -> frozenset[OpAtom]:
-    return frozenset(a for p in (self.lhs, self.rhs) for m, _ in p.terms for a, _ in m
-                     if type(a) is not Var)
+  def _operations(self) -> list[tuple[OpAtom, tuple | None]]:
+    """Each operation atom of the difference, with (op, flat operands) when they are plain."""
+    atoms = {a for p in (self.lhs, self.rhs) for m, _ in p.terms for a, _ in m if type(a) is not Var}
+    return [(a, (a.op, _flat(a.operands[0]), _flat(a.operands[1]))
+             if _all_vars(a.operands[0]) and _all_vars(a.operands[1]) else None) for a in atoms]
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
     values = env
     if self._operations:
       values = dict(env)
-      values.update((a, a.evaluate(env)) for a in self._operations)
-    total = 0
-    for c, mono in self._difference:
-      for key, e in mono:
-        c *= values[key] ** e
-      total += c
-    return total
+      for a, flat in self._operations:
+        if flat is None:
+          values[a] = a.evaluate(env)
+        else:
+          op, x, y = flat
+          values[a] = poly_lib.apply_operation(op, _evaluate_flat(x, env), _evaluate_flat(y, env))
+    return _evaluate_flat(self._difference, values)
 
   @cached
   def _constrained(self) -> frozenset[str]:
@@ -568,6 +569,21 @@ def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
   if a > 0:
     return atom.name, -(c // a), None          # v >= ceil(-c / a)
   return atom.name, None, c // -a              # v <= floor(c / -a)
+
+
+def _flat(p: Poly, sign: int = 1) -> list[tuple[int, tuple[tuple[object, int], ...]]]:
+  """sign * p as (coeff, ((key, exp), ...)) terms: a var's key is its name, an atom's the atom."""
+  return [(sign * c, tuple([(a.name if type(a) is Var else a, e) for a, e in m])) for m, c in p.terms]
+
+
+def _evaluate_flat(terms, values: Mapping) -> int:
+  """The exact value of `_flat` terms, each key's value read from `values`."""
+  total = 0
+  for c, mono in terms:
+    for key, e in mono:
+      c *= values[key] ** e
+    total += c
+  return total
 
 
 def _all_vars(p: Poly) -> bool:

@@ -92,7 +92,7 @@ class OpAtom:
 
   def evaluate(self, env: Mapping[str, int]) -> int:
     vals = [o.evaluate(env) for o in self.operands]
-    return _apply(self.op, *vals)
+    return apply_operation(self.op, *vals)
 
   def variables(self) -> frozenset[str]:
     return self._variables
@@ -110,7 +110,8 @@ Atom = Union[Var, OpAtom]
 Monomial = tuple[tuple[Atom, int], ...]
 
 
-def _apply(op: str, a: int, b: int) -> int:
+def apply_operation(op: str, a: int, b: int) -> int:
+  """op(a, b) on integers, as an OpAtom evaluates it (ZeroDivisionError for a zero divisor)."""
   if op == FLOORDIV:
     if b == 0:
       raise ZeroDivisionError("floordiv by zero in a dimension expression")
@@ -419,7 +420,7 @@ ONE = Poly((((), 1),))
 def _operation(op: str, a: PolyLike, b: PolyLike) -> Poly:
   a, b = Poly.lift(a), Poly.lift(b)
   if a.is_constant() and b.is_constant():
-    return Poly.const(_apply(op, a.constant, b.constant))
+    return Poly.const(apply_operation(op, a.constant, b.constant))
   if op in (FLOORDIV, MOD) and b.is_constant():
     k = b.constant
     if k == 0:
