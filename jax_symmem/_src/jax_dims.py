@@ -74,7 +74,7 @@ def parse(expr: str) -> Poly:
   """
   if not isinstance(expr, str):
     raise TypeError(f"expected a string, got {expr!r}")
-  fast = parse_lib.parse_polynomial(expr)
+  fast = parse_lib.parse_polynomial(expr) if "(" not in expr else None   # "(": never plain
   if fast is not None:
     return fast
   split = parse_lib.split_operations(expr)

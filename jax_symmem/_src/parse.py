@@ -246,7 +246,8 @@ def parse_operation(call: str) -> Poly | None:
   if m is None:
     return None
   op = m.group(1)
-  a, b = parse_polynomial(m.group(2)), parse_polynomial(m.group(3))
+  # Spaces around an operand change nothing; without them "2" and "s" take the shortest route.
+  a, b = parse_polynomial(m.group(2).strip(" ")), parse_polynomial(m.group(3).strip(" "))
   if a is None or b is None:
     return None
   if op in (poly_lib.MAX, poly_lib.MIN) and not _max_min_is_plain(a, b):
