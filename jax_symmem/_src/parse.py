@@ -22,7 +22,9 @@ grouping parentheses and no `**`.
 parentheses, commas, other whitespace, other numerals ("1_000", "0x10"),
 non-ASCII names, and every string jax.export would reject. The caller then
 parses with jax.export, so results and error messages stay exactly jax.export's
-(tests/test_parse.py checks both routes agree on a fuzzed corpus).
+(tests/test_parse.py checks both routes agree on a fuzzed corpus). A polynomial
+over operation calls is split into its calls (`split_operations`), and a call
+over plain operands whose result is known is read by `parse_operation`.
 """
 
 from __future__ import annotations
@@ -182,10 +184,11 @@ def _expression(toks: list[str]) -> dict[tuple[tuple[str, int], ...], int]:
 
 
 # --------------------------------------------------------------------------
-# Strings with operations: each operation call goes to jax.export on its own
+# Strings with operations: each operation call is parsed on its own
 # --------------------------------------------------------------------------
 # jax.export parses the whole of "8*b*s + 4*b*floordiv(s, 2)" in ~300 µs, most of
-# it tokenizing; the call "floordiv(s, 2)" alone takes a sixth of that. Without
+# it tokenizing; the call "floordiv(s, 2)" alone takes a sixth of that (and
+# `parse_operation` below reads such a call without jax.export). Without
 # constraints, jax.export's `+` and `*` on symbolic dims are plain polynomial
 # arithmetic (its only rewrites are a scope's equality constraints, and
 # `symbolic_shape(expr)` has none), so the Poly of the whole string is the
