@@ -111,13 +111,20 @@ def _canonical(terms: dict[tuple[tuple[str, int], ...], int]) -> Poly:
 _FACTOR = r"(?:[A-Za-z_][A-Za-z0-9_]*|[1-9][0-9]*|0)(?: *\^ *(?:[1-9][0-9]*|0))?"
 _TERM = rf"{_FACTOR}(?: *\* *{_FACTOR})*"
 _PLAIN = re.compile(rf" *[-+]? *{_TERM}(?: *[-+] *{_TERM})* *")
-_SIGNED_TERM = re.compile(r"([-+]?)([^-+]+)")
 
 
 def _plain_terms(expr: str) -> dict[tuple[tuple[str, int], ...], int] | None:
-  """`_expression` for a string `_PLAIN` matched (None if it names an operation)."""
+  """`_expression` for a string `_PLAIN` matched (None if it names an operation).
+
+  There every sign separates terms (or leads the first), so string splits find them.
+  """
   out: dict[tuple[tuple[str, int], ...], int] = {}
-  for sign, body in _SIGNED_TERM.findall(expr.replace(" ", "")):
+  for body in expr.replace(" ", "").replace("-", "+-").split("+"):
+    if not body:
+      continue
+    sign = body[0]
+    if sign == "-":
+      body = body[1:]
     coeff = 1
     exps: dict[str, int] = {}
     for factor in body.split("*"):
