@@ -7,6 +7,7 @@ itself (parse both sides, evaluate, compare), so it does not share
 `parse_constraints`' normalization with the code under test.
 """
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -424,3 +425,13 @@ def test_box_answers_without_the_shift_shortcut_agree(monkeypatch):
   fast = answers()
   monkeypatch.setattr(compare_box, "top_degree_signs", lambda P: set())
   assert answers() == fast
+
+
+def test_the_solvers_ordering_constructor_matches_the_dataclass():
+  # Ordering.of skips the generated __init__; it must build the same object.
+  o = compare("11008*b*s", "32*b*s^2", constraints=("s <= 4096", "b <= 64"))
+  fields = {f.name: getattr(o, f.name) for f in dataclasses.fields(Ordering)}
+  built = Ordering(**fields)
+  assert o == built and repr(o) == repr(built)
+  assert set(o.__dict__) == set(built.__dict__) == set(fields)
+  assert pickle.loads(pickle.dumps(o)) == o

@@ -348,8 +348,8 @@ class Solver:
     gt, lt = self.witness[1], self.witness[-1]
     if kind == EQ:
       gt = lt = None
-    return Ordering(
-        kind=kind, lhs=self.lhs, rhs=self.rhs,
+    return Ordering.of(
+        kind, self.lhs, self.rhs,
         witness_gt=FrozenEnv(gt) if gt else None,
         witness_lt=FrozenEnv(lt) if lt else None,
         dim=res.dim if res is not None and res.pieces else None,
