@@ -7,6 +7,8 @@ polynomials printed in several syntaxes, random strings over the grammar's
 alphabet (mostly malformed), and strings that must defer.
 """
 
+import re
+
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -14,6 +16,7 @@ from hypothesis import strategies as st
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import parse as parse_lib
 from jax_symmem._src.parse import parse_operation, parse_polynomial
 from jax_symmem._src.poly import Poly
 
@@ -276,3 +279,14 @@ def test_string_compare_skips_jax_for_plain_polynomials(monkeypatch):
   with pytest.raises(ValueError, match="jax.export called"):   # other operations still go to jax.export
     symbolic.compare("max(s, 2*b)", "s")
   compare_lib.clear_caches()
+
+
+@hypothesis.settings(_SETTINGS, max_examples=2000)
+@hypothesis.given(st.one_of(st.text(alphabet="bs0127_ +-*^", max_size=16),
+                            st.lists(st.sampled_from(["b", "s", "k2", "0", "07", "12", " ", "+", "-",
+                                                      "*", "^", "^2", " ^ 3", "x_"]),
+                                     max_size=10).map("".join)))
+def test_possessive_plain_regex_accepts_what_backtracking_does(text):
+  # The fast path's check uses possessive quantifiers (Python 3.11): the same language.
+  backtracking = re.compile(parse_lib._PLAIN.pattern.replace("*+", "*").replace("?+", "?"))
+  assert bool(parse_lib._PLAIN.fullmatch(text)) == bool(backtracking.fullmatch(text))
