@@ -88,33 +88,18 @@ class Solver:
     return tuple(sorted(names))
 
   @cached
-  def _difference(self) -> list[tuple[int, tuple[tuple[object, int], ...]]]:
-    """The original lhs - rhs as `_flat` terms, for exact evaluation.
-
-    A var's key is its name (a str hashes in C, a Var in Python); an operation
-    atom's key is the atom, evaluated once per point (`_operations`).
-    """
-    return _flat(self.lhs) + _flat(self.rhs, -1)
-
-  @cached
-  def _operations(self) -> list[tuple[OpAtom, tuple | None]]:
-    """Each operation atom of the difference, with (op, flat operands) when they are plain."""
+  def _operations(self) -> list[tuple[OpAtom, bool]]:
+    """Each operation atom of the difference, and whether its operands are plain."""
     atoms = {a for p in (self.lhs, self.rhs) for m, _ in p.terms for a, _ in m if type(a) is not Var}
-    return [(a, (a.op, _flat(a.operands[0]), _flat(a.operands[1]))
-             if _all_vars(a.operands[0]) and _all_vars(a.operands[1]) else None) for a in atoms]
+    return [(a, _all_vars(a.operands[0]) and _all_vars(a.operands[1])) for a in atoms]
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
-    values = env
-    if self._operations:
-      values = dict(env)
-      for a, flat in self._operations:
-        if flat is None:
-          values[a] = a.evaluate(env)
-        else:
-          op, x, y = flat
-          values[a] = poly_lib.apply_operation(op, _evaluate_flat(x, env), _evaluate_flat(y, env))
-    return _evaluate_flat(self._difference, values)
+    ops = {}   # each operation atom once (it may occur on both sides)
+    for a, plain in self._operations:
+      ops[a] = (poly_lib.apply_operation(a.op, _evaluate(a.operands[0], env), _evaluate(a.operands[1], env))
+                if plain else a.evaluate(env))
+    return _evaluate(self.lhs, env, ops) - _evaluate(self.rhs, env, ops)
 
   @cached
   def _constrained(self) -> frozenset[str]:
@@ -571,17 +556,12 @@ def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
   return atom.name, None, c // -a              # v <= floor(c / -a)
 
 
-def _flat(p: Poly, sign: int = 1) -> list[tuple[int, tuple[tuple[object, int], ...]]]:
-  """sign * p as (coeff, ((key, exp), ...)) terms: a var's key is its name, an atom's the atom."""
-  return [(sign * c, tuple([(a.name if type(a) is Var else a, e) for a, e in m])) for m, c in p.terms]
-
-
-def _evaluate_flat(terms, values: Mapping) -> int:
-  """The exact value of `_flat` terms, each key's value read from `values`."""
+def _evaluate(p: Poly, env: Mapping[str, int], ops: Mapping | None = None) -> int:
+  """p's exact value: each var's from `env` by name, each operation atom's from `ops`."""
   total = 0
-  for c, mono in terms:
-    for key, e in mono:
-      c *= values[key] ** e
+  for m, c in p.terms:
+    for a, e in m:
+      c *= (env[a.name] if type(a) is Var else ops[a]) ** e
     total += c
   return total
 
