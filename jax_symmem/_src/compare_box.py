@@ -256,7 +256,7 @@ class BoxProblem:
 
   def _probe_corners(self) -> None:
     """Evaluates P at the box corners: the cheapest way to two witnesses (DEPENDS)."""
-    for x in itertools.product(*(self._corner_values(j) for j in range(len(self.names)))):
+    for x in itertools.product(*[self._corner_values(j) for j in range(len(self.names))]):
       self._point(x)
       if self.found[1] and self.found[-1]:
         return
@@ -299,8 +299,7 @@ class BoxProblem:
     return ge, le
 
   def _subdivide_finite(self, box0, want_ge: bool, want_le: bool) -> tuple[bool, bool]:
-    degs = [max(e[j] for e in self.P) for j in range(len(self.names))]
-    dense = Dense(self.P, degs)
+    dense = Dense(self.P, [max(col) for col in zip(*self.P)])
     gdense = [Dense(g, [max(e[j] for e in g) for j in range(len(self.names))]) for g in self.ineqs]
     cost = 1 + (dense.size + sum(g.size for g in gdense)) // 64
     stack = [list(box0)]

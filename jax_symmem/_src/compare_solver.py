@@ -189,8 +189,8 @@ class Solver:
     plain = self._plain_difference()
     if plain is not None:   # the usual case, without building monomials of Vars
       names, P = plain
-      if all(not any(e) for e in P):
-        return self._constant(P.get((0,) * len(names), 0))
+      if not names:   # no variable left: P is {(): c} or empty
+        return self._constant(P.get((), 0))
       return self._decide_plain(names, P)
     diff = self.reduced_difference()
     if all(not mono for mono in diff):
