@@ -224,16 +224,18 @@ def _shortcut(source: tuple[str, ...]) -> Constraints | None:
   """
   relations: list[tuple[str, int, int]] = []   # (var, a, c0): a*var + c0 >= 0
   multiple = None
+  reserved = parse_lib.RESERVED
   for c in source:
     m = _VAR_REL_INT.fullmatch(c)
-    if m is not None and m.group(1) not in parse_lib.RESERVED:
-      rel = m.group(2)
-      a = 1 if rel[0] == ">" else -1
-      relations.append((m.group(1), a, -a * int(m.group(3)) - (len(rel) == 1)))
-      continue
+    if m is not None:
+      v, rel, n = m.groups()
+      if v not in reserved:
+        a = 1 if rel[0] == ">" else -1
+        relations.append((v, a, -a * int(n) - (len(rel) == 1)))
+        continue
     m = _VAR_EQ_MULTIPLE.fullmatch(c)
     if (m is None or multiple is not None or m.group(1) == m.group(3)
-        or parse_lib.RESERVED.intersection(m.group(1, 3))):
+        or reserved.intersection(m.group(1, 3))):
       return None
     multiple = m.group(1), int(m.group(2)), m.group(3)
   substitutions = ()
@@ -245,18 +247,20 @@ def _shortcut(source: tuple[str, ...]) -> Constraints | None:
   lo: dict[str, int] = {}
   hi: dict[str, int | None] = {}
   for x, a, c0 in relations:
-    if x not in lo:
-      lo[x], hi[x] = 1, None
     if a > 0:   # a*x + c0 >= 0  ->  x >= ceil(-c0 / a)
-      lo[x] = max(lo[x], -(c0 // a))
+      bound = -(c0 // a)
+      if bound > lo.get(x, 1):
+        lo[x] = bound
     else:       # x <= floor(c0 / -a)
       bound = c0 // -a
-      hi[x] = bound if hi[x] is None else min(hi[x], bound)
+      if x not in hi or bound < hi[x]:
+        hi[x] = bound
   bounds = []
-  for x in sorted(lo):
-    if hi[x] is not None and lo[x] > hi[x]:
+  for x in sorted({x for x, _, _ in relations}):
+    l, h = lo.get(x, 1), hi.get(x)
+    if h is not None and l > h:
       return None
-    bounds.append((x, lo[x], hi[x]))
+    bounds.append((x, l, h))
   return Constraints(bounds=tuple(bounds), substitutions=substitutions, source=source)
 
 
