@@ -435,3 +435,23 @@ def test_the_solvers_ordering_constructor_matches_the_dataclass():
   assert o == built and repr(o) == repr(built)
   assert set(o.__dict__) == set(built.__dict__) == set(fields)
   assert pickle.loads(pickle.dumps(o)) == o
+
+
+def test_split_axis_matches_its_definition():
+  # split_axis reads neighbours through precomputed getters; the definition scans the tensor.
+  rng = random.Random(3)
+  for _ in range(300):
+    n = rng.randint(1, 3)
+    P = _random_exponent_poly(rng, n)
+    dense = compare_kernel.Dense(P, [max(col) for col in zip(*P)])
+    box = [(lo, lo + rng.choice([0, 1, 7, 63])) for lo in (rng.randint(1, 5) for _ in range(n))]
+    B = dense.bernstein(box)
+    best, want = -1, None
+    for j, (deg, stride) in enumerate(zip(dense.degs, dense.strides)):
+      if box[j][1] > box[j][0]:
+        period = stride * (deg + 1)
+        var = max((abs(B[i + stride] - B[i]) for i in range(dense.size) if i % period < stride * deg),
+                  default=0)
+        if var > best:
+          best, want = var, j
+    assert dense.split_axis(B, box) == want
