@@ -7,6 +7,7 @@ itself (parse both sides, evaluate, compare), so it does not share
 `parse_constraints`' normalization with the code under test.
 """
 
+import dataclasses
 import functools
 import itertools
 import json
@@ -21,6 +22,8 @@ from jax import export
 
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import compare_box
+from jax_symmem._src import compare_kernel
 from jax_symmem._src import compare_solver
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.jax_dims import InconclusiveDimensionOperation, parse
@@ -379,3 +382,76 @@ def test_warm_caches_answer_as_cold_ones(bounds, lhs, rhs):
   # Upper bounds are all <= 40, so the grid covers every allowed point only when both are bounded.
   exhaustive = {v for v, rel, _ in bounds if rel == "<="} == {"b", "s"}
   check_against_brute_force(lhs, rhs, cons, {"b": 40, "s": 40}, exhaustive=exhaustive)
+
+
+# --------------------------------------------------------------------------
+# Shortcuts against the full computation
+# --------------------------------------------------------------------------
+def _random_exponent_poly(rng, nvars):
+  P = {}
+  for _ in range(rng.randint(1, 7)):
+    P[tuple(rng.randint(0, 3) for _ in range(nvars))] = rng.choice([-44032, -12, -3, -1, 1, 2, 8, 4096])
+  return P
+
+
+def test_shift_keeps_the_top_degree_coefficients():
+  # What lets the shifted test skip the shift: P(x0 + y) has P's coefficients at P's
+  # top total degree.
+  rng = random.Random(1)
+  for _ in range(500):
+    n = rng.randint(1, 3)
+    P = _random_exponent_poly(rng, n)
+    Q = compare_kernel.shift(P, [rng.randint(0, 70) for _ in range(n)], [1] * n)
+    top = max(map(sum, P))
+    assert all(Q.get(e) == c for e, c in P.items() if sum(e) == top)
+    assert compare_kernel.top_degree_signs(P) == {1 if c > 0 else -1 for e, c in P.items() if sum(e) == top}
+
+
+def test_box_answers_without_the_shift_shortcut_agree(monkeypatch):
+  rng = random.Random(2)
+  problems = []
+  for _ in range(300):
+    n = rng.randint(1, 3)
+    box = [(rng.randint(1, 3), rng.choice([None, 8, 64, 4096])) for _ in range(n)]
+    problems.append((_random_exponent_poly(rng, n), [f"x{j}" for j in range(n)], box))
+
+  def answers():
+    out = []
+    for P, names, box in problems:
+      r = compare_box.BoxProblem(compare_box.Search(4000), dict(P), names, box, [], None).decide()
+      out.append((r.ge, r.le, r.method, r.dim, r.pieces))
+    return out
+
+  fast = answers()
+  monkeypatch.setattr(compare_box, "top_degree_signs", lambda P: set())
+  assert answers() == fast
+
+
+def test_the_solvers_ordering_constructor_matches_the_dataclass():
+  # Ordering.of skips the generated __init__; it must build the same object.
+  o = compare("11008*b*s", "32*b*s^2", constraints=("s <= 4096", "b <= 64"))
+  fields = {f.name: getattr(o, f.name) for f in dataclasses.fields(Ordering)}
+  built = Ordering(**fields)
+  assert o == built and repr(o) == repr(built)
+  assert set(o.__dict__) == set(built.__dict__) == set(fields)
+  assert pickle.loads(pickle.dumps(o)) == o
+
+
+def test_split_axis_matches_its_definition():
+  # split_axis reads neighbours through precomputed getters; the definition scans the tensor.
+  rng = random.Random(3)
+  for _ in range(300):
+    n = rng.randint(1, 3)
+    P = _random_exponent_poly(rng, n)
+    dense = compare_kernel.Dense(P, [max(col) for col in zip(*P)])
+    box = [(lo, lo + rng.choice([0, 1, 7, 63])) for lo in (rng.randint(1, 5) for _ in range(n))]
+    B = dense.bernstein(box)
+    best, want = -1, None
+    for j, (deg, stride) in enumerate(zip(dense.degs, dense.strides)):
+      if box[j][1] > box[j][0]:
+        period = stride * (deg + 1)
+        var = max((abs(B[i + stride] - B[i]) for i in range(dense.size) if i % period < stride * deg),
+                  default=0)
+        if var > best:
+          best, want = var, j
+    assert dense.split_axis(B, box) == want

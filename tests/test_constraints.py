@@ -1,7 +1,10 @@
 """Constraint normalization: bounds, substitutions, general inequalities, contradictions."""
 
+import random
+
 import pytest
 
+from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src.constraints import parse_constraints
 from jax_symmem._src.errors import ConstraintError
 from jax_symmem._src.poly import Poly
@@ -129,3 +132,28 @@ def test_declared_multiple_matches_the_algebra(before, after):
     except ConstraintError as e:
       results.append(str(e).split(":")[0][:20])
   assert all(r == results[0] for r in results), results
+
+
+def test_shortcut_matches_the_general_route():
+  # Bounds 'var REL int' and one declared multiple 'v == n*w' normalize without the
+  # general route's bookkeeping; written with '+ 0' each takes the parser and the
+  # algebra, and must normalize identically (contradictions included).
+  rng = random.Random(0)
+  for _ in range(600):
+    source = [f"{rng.choice('bsk')} {rng.choice(['<=', '>=', '<', '>'])} {rng.choice([0, 1, 2, 5, 64, 4096])}"
+              for _ in range(rng.randint(0, 4))]
+    if rng.random() < 0.5:
+      v, w = rng.sample("bsk", 2)
+      source.insert(rng.randint(0, len(source)), f"{v} == {rng.choice([1, 2, 128])}*{w}")
+    source = tuple(source)
+    results = []
+    for src in (source, tuple(c + " + 0" for c in source)):
+      constraints_lib.normalize.cache_clear()
+      try:
+        c = constraints_lib.normalize(src)
+        results.append((c.bounds, c.substitutions, c.inequalities))
+      except ConstraintError as e:
+        results.append(str(e).replace(" + 0", ""))   # the message quotes the strings
+    assert results[0] == results[1], source
+    if not isinstance(results[0], str):
+      assert constraints_lib._shortcut(source) == constraints_lib.normalize(source)

@@ -7,6 +7,8 @@ polynomials printed in several syntaxes, random strings over the grammar's
 alphabet (mostly malformed), and strings that must defer.
 """
 
+import re
+
 import hypothesis
 import pytest
 from hypothesis import strategies as st
@@ -14,7 +16,8 @@ from hypothesis import strategies as st
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import jax_dims
-from jax_symmem._src.parse import parse_polynomial
+from jax_symmem._src import parse as parse_lib
+from jax_symmem._src.parse import parse_operation, parse_polynomial
 from jax_symmem._src.poly import Poly
 
 _SETTINGS = hypothesis.settings(max_examples=300, deadline=None, derandomize=True,
@@ -149,13 +152,47 @@ def test_operation_calls_get_jax_answer(text):
 
 
 def test_operation_call_is_parsed_alone(monkeypatch):
-  # The speed of strings with operations: jax.export sees the call, not the whole string.
+  # The speed of strings with operations: jax.export sees one call, not the whole
+  # string, and only a call the fast route cannot read (max of a non-variable).
   seen = []
   real = jax_dims.export.symbolic_shape
   monkeypatch.setattr(jax_dims.export, "symbolic_shape", lambda e, **kw: seen.append(e) or real(e, **kw))
-  p = jax_dims.parse("8*b*s^2 + 4*b*floordiv(s, 2) - 3")
-  assert seen == ["floordiv(s, 2)"]
-  assert p == jax_dims.parse_with_jax("8*b*s^2 + 4*b*floordiv(s, 2) - 3")
+  text = "8*b*s^2 + 4*b*floordiv(s, 2) - 3*max(s, 2*b)"
+  p = jax_dims.parse(text)
+  assert seen == ["max(s, 2*b)"]
+  assert p == jax_dims.parse_with_jax(text)
+
+
+# Calls over plain operands: `parse.parse_operation` reads them without jax.export
+# (floordiv/mod always; max/min for two integers, a variable against an integer
+# >= 2 or against a variable) and must give jax.export's Poly, or defer.
+PLAIN_OPERANDS = ["b", "s", " s ", "1*s", "s^1", "0", "1", "2", "-3", "128", "2*b", "b*s",
+                  "s + 1", "-s", "4*b - 4", "b^0"]
+
+
+@st.composite
+def plain_calls(draw):
+  op = draw(st.sampled_from(["floordiv", "mod", "max", "min"]))
+  a, b_ = draw(st.sampled_from(PLAIN_OPERANDS)), draw(st.sampled_from(PLAIN_OPERANDS))
+  return f"{op}{draw(st.sampled_from(['', ' ']))}({a},{draw(st.sampled_from(['', ' ']))}{b_})"
+
+
+@_SETTINGS
+@hypothesis.given(plain_calls(), st.sampled_from(["{}", "4*b*{}", "{}^2 - s", "b*s + {}*{}"]))
+def test_plain_operation_calls_match_jax(call, template):
+  assert _outcome(jax_dims._parse_call, call) == _outcome(jax_dims.parse_with_jax, call), call
+  assert_same_as_jax(template.format(call, call))
+
+
+@pytest.mark.parametrize("call,fast", [
+    ("floordiv(s, 2)", True), ("mod(b*s, 8)", True), ("floordiv(4*b + 2, b)", True),
+    ("max(s, 128)", True), ("min(4096, s)", True), ("max(b, s)", True), ("max(2, 3)", True),
+    ("floordiv(s, 0)", False), ("max(s, 1)", False), ("min(s, -3)", False), ("max(s, 2*b)", False),
+    ("max(b*s, 8)", False), ("floordiv(floordiv(s, 2), 2)", False), ("floordiv(s)", False),
+])
+def test_which_calls_take_the_fast_route(call, fast):
+  assert (parse_operation(call) is not None) == fast
+  assert _outcome(jax_dims._parse_call, call) == _outcome(jax_dims.parse_with_jax, call)
 
 
 # --------------------------------------------------------------------------
@@ -237,6 +274,19 @@ def test_string_compare_skips_jax_for_plain_polynomials(monkeypatch):
   assert o.kind == "DEPENDS" and o.breakpoints == (344, 345)
   o = symbolic.compare("b*s", "128*k", constraints=("s == 128*k", "b >= 1"))
   assert o.kind == "GE"
-  with pytest.raises(ValueError, match="jax.export called"):   # operations still go to jax.export
-    symbolic.compare("floordiv(s, 2)", "s")
+  o = symbolic.compare("4*b*floordiv(s, 2)", "b*max(s, 128)")   # calls over plain operands, too
+  assert o.kind == "DEPENDS"
+  with pytest.raises(ValueError, match="jax.export called"):   # other operations still go to jax.export
+    symbolic.compare("max(s, 2*b)", "s")
   compare_lib.clear_caches()
+
+
+@hypothesis.settings(_SETTINGS, max_examples=2000)
+@hypothesis.given(st.one_of(st.text(alphabet="bs0127_ +-*^", max_size=16),
+                            st.lists(st.sampled_from(["b", "s", "k2", "0", "07", "12", " ", "+", "-",
+                                                      "*", "^", "^2", " ^ 3", "x_"]),
+                                     max_size=10).map("".join)))
+def test_possessive_plain_regex_accepts_what_backtracking_does(text):
+  # The fast path's check uses possessive quantifiers (Python 3.11): the same language.
+  backtracking = re.compile(parse_lib._PLAIN.pattern.replace("*+", "*").replace("?+", "?"))
+  assert bool(parse_lib._PLAIN.fullmatch(text)) == bool(backtracking.fullmatch(text))

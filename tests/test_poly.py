@@ -78,3 +78,43 @@ def test_substitute_and_queries():
     (b + 1).evaluate({"s": 1})
   with pytest.raises(TypeError):
     Poly.lift("s")
+
+
+def _substitute_reference(p, mapping):
+  """Poly.substitute by multiplying out every factor (the definition)."""
+  out = ZERO
+  for m, c in p.terms:
+    t = Poly.const(c)
+    for a, e in m:
+      t = t * (mapping[a] if a in mapping else Poly.atom(a)) ** e
+    out = out + t
+  return out
+
+
+def test_substitute_matches_multiplying_out():
+  # Monomial replacements (atoms, constants, 128*k) take a shortcut; all must agree
+  # with the definition, including replacements that merge or cancel terms.
+  rng = random.Random(4)
+  k = Poly.var("k")
+  for _ in range(400):
+    p = _random_poly(rng, depth=3)
+    atoms = sorted(p.atoms(), key=lambda a: a.sort_key)
+    mapping = {}
+    for a in rng.sample(atoms, rng.randint(0, len(atoms))):
+      mapping[a] = rng.choice([b, s, h, k, ZERO, Poly.const(rng.randint(-3, 5)), 128 * k,
+                               -2 * b * s, b + 1, s - k, _random_poly(rng, depth=1)])
+    assert p.substitute(mapping) == _substitute_reference(p, mapping), (p, mapping)
+
+
+def test_pickles_carry_no_cached_hash():
+  # A hash cached in one process (string-hash seed) must not travel to another.
+  import copy
+  import pickle
+  p = b * s.floordiv(2) + 3
+  hash(p), p.variables(), p.atoms()
+  (atom,) = [a for a in p.atoms() if not isinstance(a, type(b.terms[0][0][0][0]))]
+  hash(atom)
+  for q in (pickle.loads(pickle.dumps(p)), copy.copy(p), copy.deepcopy(p)):
+    assert q == p and set(q.__dict__) == {"terms"} and hash(q) == hash(p)
+  a2 = pickle.loads(pickle.dumps(atom))
+  assert a2 == atom and set(a2.__dict__) == {"op", "operands"}

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import operator
 from typing import Callable, Mapping, Sequence
 
-from jax_symmem._src.compare_kernel import Dense, evaluate, pin, shift, sign_of
+from jax_symmem._src.compare_kernel import Dense, evaluate, pin, shift, sign_of, top_degree_signs
 from jax_symmem._src.compare_ordering import Piece
 from jax_symmem._src.compare_univariate import univariate_pieces
 
@@ -94,16 +95,28 @@ class BoxProblem:
   def _feasible(self, x: Sequence[int]) -> bool:
     return all(evaluate(g, x) >= 0 for g in self.ineqs)
 
+  def _reporting(self, s: int) -> bool:
+    """Whether a feasible point of sign s goes to `on_point` (a witness of s is still wanted)."""
+    return (self.on_point is not None and self.search.witness[s] is None
+            and self.reports < _REPORTS)
+
+  def _news(self, s: int) -> bool:
+    """Whether a point of sign s can change anything `_point` records."""
+    return not self.found[s] or self._reporting(s)
+
   def _point(self, x: Sequence[int], value: int | None = None) -> None:
     """Records the sign of P at integer point x (when x is feasible)."""
     if value is None:
       value = evaluate(self.P, x)
-    s = sign_of(value)
-    if s == 0 or (self.ineqs and not self._feasible(x)):
+    if not value:
+      return
+    s = 1 if value > 0 else -1
+    report = self._reporting(s)
+    if self.found[s] and not report:
+      return   # nothing new to learn here: skip the feasibility check
+    if self.ineqs and not self._feasible(x):
       return
     self.found[s] = True
-    report = (self.on_point is not None and self.search.witness[s] is None
-              and self.reports < _REPORTS)
     if s not in self.points or report:
       env = dict(self.fixed)
       env.update(zip(self.names, x))
@@ -120,18 +133,34 @@ class BoxProblem:
     be what makes part of the box infeasible (s >= 2 follows from b*s >= 6, b <= 5).
     """
     n = len(self.names)
-    pinned = [j for j in range(n) if self.box[j][0] == self.box[j][1]]
+    box = self.box
+    pinned = {j: box[j][0] for j in range(n) if box[j][0] == box[j][1]}
     if pinned:
-      self.fixed.update((self.names[j], self.box[j][0]) for j in pinned)
-      self.P = pin(self.P, {j: self.box[j][0] for j in pinned})
-      self.ineqs = [pin(g, {j: self.box[j][0] for j in pinned}) for g in self.ineqs]
+      self.fixed.update((self.names[j], x) for j, x in pinned.items())
+      self.P = pin(self.P, pinned)
+      self.ineqs = [pin(g, pinned) for g in self.ineqs]
     if not self.P:
       return
-    exps = list(self.P)
-    mins = [min(e[j] for e in exps) if self.box[j][0] >= 1 else 0 for j in range(n)]
-    keep = {j for j in range(n) if j not in pinned and any(e[j] > mins[j] for e in exps)}
+    columns = list(zip(*self.P))   # each var's exponents over P's terms
+    mins = [min(col) if box[j][0] >= 1 else 0 for j, col in enumerate(columns)]
+    keep = {j for j, col in enumerate(columns) if j not in pinned and max(col) > mins[j]}
     self.active = len(keep)
     supports = [{j for e in g for j in range(n) if e[j]} for g in self.ineqs]
+    if supports:
+      self._keep_linked(keep, supports)
+    if len(keep) == n:   # the common monomial divides out (when some min is > 0)
+      if any(mins):
+        self.P = {tuple(map(operator.sub, e, mins)): c for e, c in self.P.items()}
+      return
+    keep = sorted(keep)
+    self.P = {tuple([e[j] - mins[j] for j in keep]): c for e, c in self.P.items()}
+    self.ineqs = [{tuple(e[j] for j in keep): c for e, c in g.items()}
+                  for g, sup in zip(self.ineqs, supports) if sup <= set(keep)]
+    self.names = [self.names[j] for j in keep]
+    self.box = [self.box[j] for j in keep]
+
+  def _keep_linked(self, keep: set[int], supports: list[set[int]]) -> None:
+    """Adds to `keep` the vars inequalities link to it; sets `empty` if one never holds."""
     grown = True
     while grown:
       grown = False
@@ -143,14 +172,6 @@ class BoxProblem:
     # (a case of max/min that cannot happen); then every claim holds vacuously.
     self.empty = any(not sup & keep and self._never_holds(g)
                      for g, sup in zip(self.ineqs, supports))
-    if len(keep) == n and not any(mins):
-      return
-    keep = sorted(keep)
-    self.P = {tuple(e[j] - mins[j] for j in keep): c for e, c in self.P.items()}
-    self.ineqs = [{tuple(e[j] for j in keep): c for e, c in g.items()}
-                  for g, sup in zip(self.ineqs, supports) if sup <= set(keep)]
-    self.names = [self.names[j] for j in keep]
-    self.box = [self.box[j] for j in keep]
 
   def _never_holds(self, g) -> bool:
     """Proves g <= -1 on the box: no point satisfies g >= 0."""
@@ -225,7 +246,9 @@ class BoxProblem:
 
   def _same_sign(self, s: int) -> bool:
     """All coefficients of one sign and all vars >= 0: every monomial has that sign."""
-    return all(lo >= 0 for lo, _ in self.box) and all(c * s >= 0 for c in self.P.values())
+    if not all(lo >= 0 for lo, _ in self.box):
+      return False
+    return min(self.P.values()) >= 0 if s > 0 else max(self.P.values()) <= 0
 
   def _corner_values(self, j: int) -> tuple[int, ...]:
     lo, hi = self.box[j]
@@ -233,7 +256,7 @@ class BoxProblem:
 
   def _probe_corners(self) -> None:
     """Evaluates P at the box corners: the cheapest way to two witnesses (DEPENDS)."""
-    for x in itertools.product(*(self._corner_values(j) for j in range(len(self.names)))):
+    for x in itertools.product(*[self._corner_values(j) for j in range(len(self.names))]):
       self._point(x)
       if self.found[1] and self.found[-1]:
         return
@@ -247,6 +270,11 @@ class BoxProblem:
     box checks anyway.
     """
     if not (want_ge or want_le) or not self.search.spend():
+      return False, False
+    signs = top_degree_signs(self.P)   # kept by the shift: a wrong one fails that side
+    want_ge = want_ge and -1 not in signs
+    want_le = want_le and 1 not in signs
+    if not (want_ge or want_le):
       return False, False
     Q = shift(self.P, [lo for lo, _ in self.box], [1] * len(self.box))
     return (want_ge and all(v >= 0 for v in Q.values()),
@@ -271,8 +299,7 @@ class BoxProblem:
     return ge, le
 
   def _subdivide_finite(self, box0, want_ge: bool, want_le: bool) -> tuple[bool, bool]:
-    degs = [max(e[j] for e in self.P) for j in range(len(self.names))]
-    dense = Dense(self.P, degs)
+    dense = Dense(self.P, [max(col) for col in zip(*self.P)])
     gdense = [Dense(g, [max(e[j] for e in g) for j in range(len(self.names))]) for g in self.ineqs]
     cost = 1 + (dense.size + sum(g.size for g in gdense)) // 64
     stack = [list(box0)]
@@ -291,8 +318,8 @@ class BoxProblem:
           self._point(x)
         continue
       B = dense.bernstein(box)
-      for bits, idx in dense.corner_index:
-        if B[idx]:
+      for bits, idx in dense.corner_index:   # corner coefficients are P at the corners
+        if B[idx] and self._news(sign_of(B[idx])):
           self._point(tuple(hi if b else lo for b, (lo, hi) in zip(bits, box)), B[idx])
       if (open_ge and min(B) < 0) or (open_le and max(B) > 0):
         j = dense.split_axis(B, box)

@@ -30,10 +30,7 @@ def to_dict(p: Poly, names: Sequence[str]) -> dict[tuple[int, ...], int]:
 def evaluate(P: Mapping[tuple[int, ...], int], x: Sequence[int]) -> int:
   total = 0
   for e, c in P.items():
-    for xi, ei in zip(x, e):
-      if ei:
-        c *= xi ** ei
-    total += c
+    total += c * math.prod(map(pow, x, e))   # x^0 == 1: zero exponents cost a C call, not a branch
   return total
 
 
@@ -63,6 +60,16 @@ def shift(P, origin: Sequence[int], signs: Sequence[int]):
   return {t: v for t, v in out.items() if v}
 
 
+def top_degree_signs(P) -> set[int]:
+  """The signs of P's coefficients of top total degree.
+
+  A Taylor shift P(x0 + y) keeps them: every other term of the expansion of
+  x^e has a lower degree, so only e itself reaches y^e at the top degree.
+  """
+  top = max(map(sum, P))
+  return {1 if c > 0 else -1 for e, c in P.items() if c and sum(e) == top}
+
+
 @functools.lru_cache(maxsize=1 << 14)
 def bmatrix(n: int, a: int, w: int) -> tuple[tuple[int, ...], ...]:
   """Row i: the degree-n Bernstein coefficient i of x^e on [a, a+w], times n! (exact ints)."""
@@ -78,7 +85,7 @@ class Dense:
 
   def __init__(self, P, degs: Sequence[int]):
     self.degs = tuple(degs)
-    self.strides, self.size, self.corner_index = _layout(self.degs)
+    self.strides, self.size, self.corner_index, self.neighbours = _layout(self.degs)
     self.coeffs = [0] * self.size
     for e, c in P.items():
       self.coeffs[sum(map(operator.mul, e, self.strides))] = c
@@ -98,12 +105,10 @@ class Dense:
     the sign change.
     """
     best, best_j = -1, None
-    for j, (n, stride) in enumerate(zip(self.degs, self.strides)):
+    for j, (below, above) in enumerate(self.neighbours):
       if box[j][1] - box[j][0] < 1:
         continue
-      period = stride * (n + 1)
-      var = max((abs(B[i + stride] - B[i]) for i in range(self.size) if i % period < stride * n),
-                default=0)
+      var = max(map(abs, map(operator.sub, above(B), below(B)))) if below else 0
       if var > best:
         best, best_j = var, j
     return best_j
@@ -111,7 +116,13 @@ class Dense:
 
 @functools.lru_cache(maxsize=256)
 def _layout(degs: tuple[int, ...]):
-  """Strides, size and corner entries ((bits, flat index), ...) of a tensor with these degrees."""
+  """The shape of a flat tensor with these degrees.
+
+  Strides, size, corner entries ((bits, flat index), ...), and per axis a pair
+  of getters: the entries below the top along that axis, and the entries one
+  step up from them (what `Dense.split_axis` differences); (None, None) for an
+  axis of degree 0.
+  """
   strides = []
   size = 1
   for d in reversed(degs):
@@ -120,7 +131,19 @@ def _layout(degs: tuple[int, ...]):
   strides.reverse()
   corners = tuple((bits, sum(st * d for b, st, d in zip(bits, strides, degs) if b))
                   for bits in itertools.product((0, 1), repeat=len(degs)))
-  return tuple(strides), size, corners
+  neighbours = []
+  for n, stride in zip(degs, strides):
+    below = [i for i in range(size) if i % (stride * (n + 1)) < stride * n]
+    neighbours.append((_getter(below), _getter([i + stride for i in below])) if below else (None, None))
+  return tuple(strides), size, corners, tuple(neighbours)
+
+
+def _getter(indices: list[int]):
+  """A function giving the tuple of entries at `indices` (itemgetter gives a bare entry for one)."""
+  if len(indices) == 1:
+    i, = indices
+    return lambda t: (t[i],)
+  return operator.itemgetter(*indices)
 
 
 def _apply_axis(t: list[int], M, n: int, stride: int, size: int) -> list[int]:

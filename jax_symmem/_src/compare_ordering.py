@@ -87,6 +87,16 @@ class Ordering:
     if not isinstance(self.kind, Kind):   # Ordering("LE", ...) by hand: the same Kind
       object.__setattr__(self, "kind", Kind(self.kind))
 
+  @classmethod
+  def of(cls, kind: Kind, lhs: Poly, rhs: Poly, witness_gt, witness_lt, dim, pieces,
+         method: str) -> "Ordering":
+    """Every field given, `kind` a Kind: the solver's constructor, one C call where
+    the frozen dataclass's __init__ makes one per field (tests check they agree)."""
+    o = object.__new__(cls)
+    o.__dict__.update(kind=kind, lhs=lhs, rhs=rhs, witness_gt=witness_gt, witness_lt=witness_lt,
+                      dim=dim, pieces=pieces, method=method)
+    return o
+
   @property
   def decided(self) -> bool:
     return self.kind != UNKNOWN

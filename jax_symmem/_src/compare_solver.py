@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import itertools
 import random
-from typing import Iterable, Mapping
+from typing import Iterable, Iterator, Mapping
 
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import poly as poly_lib
@@ -25,7 +25,7 @@ from jax_symmem._src.compare_kernel import sign_of, to_dict
 from jax_symmem._src.compare_ordering import (DEPENDS, EQ, GE, LE, UNKNOWN, FrozenEnv, Kind,
                                                Ordering)
 from jax_symmem._src.constraints import Constraints
-from jax_symmem._src.poly import OpAtom, Poly, Var
+from jax_symmem._src.poly import OpAtom, Poly, Var, cached
 
 # Boxes (Bernstein evaluations, univariate splits) one comparison may spend.
 BOX_BUDGET = 4000
@@ -81,38 +81,31 @@ class Solver:
   def bound(self, v: str) -> tuple[int, int | None]:
     return self.bounds.get(v, (1, None))
 
-  @functools.cached_property
+  @cached
   def free_vars(self) -> tuple[str, ...]:
-    names = set(self.bounds) | self._constrained
-    for p in (self.lhs, self.rhs):
-      for mono, _ in p.terms:
-        for a, _ in mono:
-          names |= {a.name} if isinstance(a, Var) else a.variables()
-    return tuple(sorted(names - self.cons.eliminated))
+    names = set(self.bounds) | self._constrained | self.lhs.variables() | self.rhs.variables()
+    names.difference_update([v for v, _ in self.cons.substitutions])
+    return tuple(sorted(names))
 
-  @functools.cached_property
-  def _difference(self) -> list[tuple[int, tuple[tuple[str, int], ...]]] | None:
-    """The original lhs - rhs as (coeff, ((var, exp), ...)) terms; None if it has op atoms."""
-    terms = [(c, m) for m, c in self.lhs.terms] + [(-c, m) for m, c in self.rhs.terms]
-    if any(not isinstance(a, Var) for _, m in terms for a, _ in m):
-      return None
-    return [(c, tuple((a.name, e) for a, e in m)) for c, m in terms]
+  @cached
+  def _operations(self) -> list[tuple[OpAtom, bool]]:
+    """Each operation atom of the difference, and whether its operands are plain."""
+    atoms = {a for p in (self.lhs, self.rhs) for m, _ in p.terms for a, _ in m if type(a) is not Var}
+    return [(a, _all_vars(a.operands[0]) and _all_vars(a.operands[1])) for a in atoms]
 
   def _value(self, env: Mapping[str, int]) -> int:
     """Exact value of the original lhs - rhs at a full assignment."""
-    if self._difference is None:
-      return self.lhs.evaluate(env) - self.rhs.evaluate(env)
-    total = 0
-    for c, mono in self._difference:
-      for name, e in mono:
-        c *= env[name] ** e
-      total += c
-    return total
+    ops = {}   # each operation atom once (it may occur on both sides)
+    for a, plain in self._operations:
+      ops[a] = (poly_lib.apply_operation(a.op, _evaluate(a.operands[0], env), _evaluate(a.operands[1], env))
+                if plain else a.evaluate(env))
+    return _evaluate(self.lhs, env, ops) - _evaluate(self.rhs, env, ops)
 
-  @functools.cached_property
+  @cached
   def _constrained(self) -> frozenset[str]:
     """Variables that general inequalities mention: completing them takes a search."""
-    return frozenset().union(*(g.variables() for g in self.cons.inequalities))
+    ineqs = self.cons.inequalities
+    return frozenset().union(*[g.variables() for g in ineqs]) if ineqs else frozenset()
 
   def probe(self, env: Mapping[str, int]) -> int | None:
     """Exact sign of the original lhs - rhs at a completed, feasible `env` (records witnesses)."""
@@ -133,8 +126,14 @@ class Solver:
 
   def complete(self, env: Mapping[str, int]) -> dict[str, int] | None:
     """Fills the free vars `env` lacks so that every constraint holds (small search)."""
-    point = {v: int(env[v]) for v in self.free_vars if v in env}
-    missing = [v for v in self.free_vars if v not in point]
+    free = self.free_vars
+    point = {v: int(env[v]) for v in free if v in env}
+    if len(point) == len(free):   # the usual case: the search below has one trial, `point`
+      return self._checked(point)
+    missing = [v for v in free if v not in point]
+    if self._constrained.isdisjoint(missing):   # one trial: each at its lower bound
+      point.update((v, self.bound(v)[0]) for v in missing)
+      return self._checked(point)
     options = []
     for v in missing:
       lo, hi = self.bound(v)
@@ -146,27 +145,38 @@ class Solver:
     for combo in itertools.islice(itertools.product(*options), 256):
       trial = dict(point)
       trial.update(zip(missing, combo))
-      try:
-        full = self.cons.complete(trial)
-        if self.cons.violation(full) is None:
-          return full
-      except ZeroDivisionError:
-        pass
+      full = self._checked(trial)
+      if full is not None:
+        return full
     return None
 
-  def samples(self, names: Iterable[str], count: int) -> list[dict[str, int]]:
-    """Corners, centre and seeded random points of the box of `names` (near lo, too)."""
+  def _checked(self, trial: dict[str, int]) -> dict[str, int] | None:
+    """`trial` with the eliminated vars filled in, if that satisfies every constraint."""
+    try:
+      full = self.cons.complete(trial)
+      if self.cons.violation(full) is None:
+        return full
+    except ZeroDivisionError:
+      pass
+    return None
+
+  def samples(self, names: Iterable[str], count: int) -> Iterator[dict[str, int]]:
+    """Corners, centre and seeded random points of the box of `names` (near lo, too).
+
+    Drawn lazily: callers stop at the first points that settle what they look for.
+    """
     names = sorted(names)
     rng = random.Random(0)
     axes = []
     for v in names:
       lo, hi = self.bound(v)
       axes.append((lo, hi if hi is not None else max(2 * lo, 1 << 12)))
-    points = list(itertools.islice(itertools.product(*axes), 16))
-    points.append(tuple((a + b) // 2 for a, b in axes))
-    points += [tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)]
-    points += [tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)]
-    return [dict(zip(names, x)) for x in points]
+    points = itertools.chain(
+        itertools.islice(itertools.product(*axes), 16),
+        (tuple((a + b) // 2 for a, b in axes),),
+        (tuple(rng.randint(a, b) for a, b in axes) for _ in range(count)),
+        (tuple(rng.randint(a, min(b, a + 8)) for a, b in axes) for _ in range(count // 2)))
+    return (dict(zip(names, x)) for x in points)
 
   def probe_randomly(self, names: Iterable[str], count: int) -> None:
     for env in self.samples(names, count):
@@ -176,13 +186,18 @@ class Solver:
 
   # --- the procedure --------------------------------------------------------
   def run(self) -> Ordering:
+    plain = self._plain_difference()
+    if plain is not None:   # the usual case, without building monomials of Vars
+      names, P = plain
+      if not names:   # no variable left: P is {(): c} or empty
+        return self._constant(P.get((), 0))
+      return self._decide_plain(names, P)
     diff = self.reduced_difference()
     if all(not mono for mono in diff):
       return self._constant(diff.get((), 0))
     atoms = {a for mono in diff for a, _ in mono}
     if all(isinstance(a, Var) for a in atoms):
-      ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
-      names = sorted({a.name for a in atoms}.union(*(g.variables() for g in ineqs)))
+      names = sorted(a.name for a in atoms)
       index = {n: i for i, n in enumerate(names)}
       P = {}
       for mono, c in diff.items():
@@ -190,10 +205,7 @@ class Solver:
         for a, k in mono:
           e[index[a.name]] = k
         P[tuple(e)] = c
-      box = [self.bound(v) for v in names]
-      gs = [to_dict(g, names) for g in ineqs]
-      res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
-      return self._finish(res, names)
+      return self._decide_plain(names, P)
     d = Poly.from_dict(diff)
     self.probe_randomly(d.variables(), 4)
     if self.witness[1] is not None and self.witness[-1] is not None:
@@ -203,6 +215,73 @@ class Solver:
     res = self._atoms(d, frame)
     res.dim, res.pieces = None, ()
     return self._finish(res, d.variables())
+
+  def _decide_plain(self, names: list[str], P: dict[tuple[int, ...], int]) -> Ordering:
+    """Decides P (exponents over the sorted `names`) with the inequalities that have no atoms.
+
+    Their variables join `names` (they may cut the box), with exponent 0 in P.
+    """
+    ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
+    gs = []
+    if ineqs:
+      wider = sorted(set(names).union(*(g.variables() for g in ineqs)))
+      if len(wider) > len(names):
+        cols = [wider.index(n) for n in names]
+        P = {_spread(e, cols, len(wider)): c for e, c in P.items()}
+        names = wider
+      gs = [to_dict(g, names) for g in ineqs]
+    box = [self.bound(v) for v in names]
+    res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
+    return self._finish(res, names)
+
+  def _plain_difference(self) -> tuple[list[str], dict[tuple[int, ...], int]] | None:
+    """(names, P): the reduced lhs - rhs as {exponents over the sorted `names`: coeff}.
+
+    The fast route of `run`, for the usual case: no operation atoms, and every
+    substitution a monomial (s == 128*k). Reducing, subtracting and converting
+    to exponents are then one pass over the terms, with dicts keyed by exponent
+    tuples rather than by monomials of Vars (whose hashes are Python calls).
+    `names` are the variables left after cancellation, as `reduced_difference`
+    leaves them, and P's keys come in its order. None: take the general route.
+    """
+    lhs, rhs = self.lhs, self.rhs
+    if not (_all_vars(lhs) and _all_vars(rhs)):
+      return None
+    subs = {}
+    for v, q in self.cons.substitutions:
+      if len(q.terms) != 1 or not _all_vars(q):
+        return None
+      (qm, qc), = q.terms
+      subs[v] = (qc, tuple((a.name, f) for a, f in qm))
+    variables = lhs.variables() | rhs.variables()
+    if subs:
+      for v in variables & subs.keys():
+        variables = variables.union(n for n, _ in subs[v][1])
+      variables = variables - subs.keys()
+    names = sorted(variables)
+    index = {n: i for i, n in enumerate(names)}
+    zero = [0] * len(names)
+    P: dict[tuple[int, ...], int] = {}
+    for p, sign in ((lhs, 1), (rhs, -1)):
+      for mono, c in p.terms:
+        e = zero.copy()
+        c *= sign
+        for a, k in mono:
+          q = subs.get(a.name) if subs else None
+          if q is None:
+            e[index[a.name]] += k
+          else:   # v^k with v == qc * prod(w^f): qc^k * prod(w^(f*k))
+            c *= q[0] ** k
+            for w, f in q[1]:
+              e[index[w]] += f * k
+        key = tuple(e)
+        P[key] = P.get(key, 0) + c
+    P = {e: c for e, c in P.items() if c}
+    used = [j for j, col in enumerate(zip(*P)) if any(col)]
+    if len(used) < len(names):   # variables that cancelled out
+      names = [names[j] for j in used]
+      P = {tuple([e[j] for j in used]): c for e, c in P.items()}
+    return names, P
 
   def reduced_difference(self) -> dict:
     """reduce(lhs) - reduce(rhs) as {monomial: coeff}, skipping Poly's canonical sorting.
@@ -254,8 +333,8 @@ class Solver:
     gt, lt = self.witness[1], self.witness[-1]
     if kind == EQ:
       gt = lt = None
-    return Ordering(
-        kind=kind, lhs=self.lhs, rhs=self.rhs,
+    return Ordering.of(
+        kind, self.lhs, self.rhs,
         witness_gt=FrozenEnv(gt) if gt else None,
         witness_lt=FrozenEnv(lt) if lt else None,
         dim=res.dim if res is not None and res.pieces else None,
@@ -475,6 +554,33 @@ def _as_bound(g: Poly) -> tuple[str, int | None, int | None] | None:
   if a > 0:
     return atom.name, -(c // a), None          # v >= ceil(-c / a)
   return atom.name, None, c // -a              # v <= floor(c / -a)
+
+
+def _evaluate(p: Poly, env: Mapping[str, int], ops: Mapping | None = None) -> int:
+  """p's exact value: each var's from `env` by name, each operation atom's from `ops`."""
+  total = 0
+  for m, c in p.terms:
+    for a, e in m:
+      c *= (env[a.name] if type(a) is Var else ops[a]) ** e
+    total += c
+  return total
+
+
+def _all_vars(p: Poly) -> bool:
+  """No operation atoms in p (a scan of the terms: cheaper than p.atoms() on a fresh Poly)."""
+  for mono, _ in p.terms:
+    for a, _ in mono:
+      if type(a) is not Var:
+        return False
+  return True
+
+
+def _spread(e: tuple[int, ...], cols: list[int], n: int) -> tuple[int, ...]:
+  """Exponents e over a sub-list of names, placed at `cols` of n names (0 elsewhere)."""
+  out = [0] * n
+  for j, x in zip(cols, e):
+    out[j] = x
+  return tuple(out)
 
 
 def _finite(x) -> int:

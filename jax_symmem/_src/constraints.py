@@ -213,9 +213,63 @@ def _simple_bound(lhs: Poly, rel: str, rhs: Poly) -> tuple[str, int, int] | None
   return None
 
 
+def _shortcut(source: tuple[str, ...]) -> Constraints | None:
+  """`normalize` for the common sources, else None: 'var REL int' bounds and at most
+  one declared multiple 'v == n*w' (then the first equality, so v is eliminated).
+
+  The same arithmetic as `normalize`'s steps 1-2 (each bound as a*v + c0 >= 0,
+  a bound on v moved to w, v >= 1 kept as a bound on w) without its
+  bookkeeping: comparisons normalize their constraints on every fresh call. A
+  contradiction returns None, so that the general route words the error.
+  """
+  relations: list[tuple[str, int, int]] = []   # (var, a, c0): a*var + c0 >= 0
+  multiple = None
+  reserved = parse_lib.RESERVED
+  for c in source:
+    m = _VAR_REL_INT.fullmatch(c)
+    if m is not None:
+      v, rel, n = m.groups()
+      if v not in reserved:
+        a = 1 if rel[0] == ">" else -1
+        relations.append((v, a, -a * int(n) - (len(rel) == 1)))
+        continue
+    m = _VAR_EQ_MULTIPLE.fullmatch(c)
+    if (m is None or multiple is not None or m.group(1) == m.group(3)
+        or reserved.intersection(m.group(1, 3))):
+      return None
+    multiple = m.group(1), int(m.group(2)), m.group(3)
+  substitutions = ()
+  if multiple is not None:
+    v, n, w = multiple
+    relations.append((v, 1, -1))   # v is a dimension too
+    relations = [(w, a * n, c0) if x == v else (x, a, c0) for x, a, c0 in relations]
+    substitutions = ((v, Poly(((((Var(w), 1),), n),))),)
+  lo: dict[str, int] = {}
+  hi: dict[str, int | None] = {}
+  for x, a, c0 in relations:
+    if a > 0:   # a*x + c0 >= 0  ->  x >= ceil(-c0 / a)
+      bound = -(c0 // a)
+      if bound > lo.get(x, 1):
+        lo[x] = bound
+    else:       # x <= floor(c0 / -a)
+      bound = c0 // -a
+      if x not in hi or bound < hi[x]:
+        hi[x] = bound
+  bounds = []
+  for x in sorted({x for x, _, _ in relations}):
+    l, h = lo.get(x, 1), hi.get(x)
+    if h is not None and l > h:
+      return None
+    bounds.append((x, l, h))
+  return Constraints(bounds=tuple(bounds), substitutions=substitutions, source=source)
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def normalize(source: tuple[str, ...]) -> Constraints:
   """The normalized form of the constraint strings `source` (cached by the strings)."""
+  fast = _shortcut(source)
+  if fast is not None:
+    return fast
   relations = []
   all_vars: set[str] = set()
   for c in source:

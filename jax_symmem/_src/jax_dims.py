@@ -67,13 +67,14 @@ def parse(expr: str) -> Poly:
   """Parses a dimension expression in jax.export syntax ("4*b*s^2", "floordiv(s, 2)").
 
   Plain polynomials take the fast parser (`parse.py`, the same Poly); in a
-  polynomial over operation calls ("4*b*floordiv(s, 2)") each call goes through
-  jax.export on its own; anything else, errors included, goes through jax.export
-  with the whole string.
+  polynomial over operation calls ("4*b*floordiv(s, 2)") each call is read on
+  its own, by `parse.parse_operation` where its operands are plain and its
+  result is known, else by jax.export; anything else, errors included, goes
+  through jax.export with the whole string.
   """
   if not isinstance(expr, str):
     raise TypeError(f"expected a string, got {expr!r}")
-  fast = parse_lib.parse_polynomial(expr)
+  fast = parse_lib.parse_polynomial(expr) if "(" not in expr else None   # "(": never plain
   if fast is not None:
     return fast
   split = parse_lib.split_operations(expr)
@@ -82,12 +83,18 @@ def parse(expr: str) -> Poly:
     outer = parse_lib.parse_polynomial(template)
     if outer is not None:
       try:
-        inner = {poly_lib.Var(name): parse_with_jax(call) for name, call in calls.items()}
+        inner = {poly_lib.Var(name): _parse_call(call) for name, call in calls.items()}
       except Exception:  # noqa: BLE001 - the whole string through jax.export raises its own error
         inner = None
       if inner is not None:
         return outer.substitute(inner)
   return parse_with_jax(expr)
+
+
+def _parse_call(call: str) -> Poly:
+  """One operation call "op(A, B)": the fast route where it applies, else jax.export."""
+  fast = parse_lib.parse_operation(call)
+  return fast if fast is not None else parse_with_jax(call)
 
 
 def parse_with_jax(expr: str) -> Poly:

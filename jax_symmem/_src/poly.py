@@ -24,7 +24,7 @@ MIN = "min"
 OPERATIONS = (FLOORDIV, MOD, MAX, MIN)
 
 
-class _cached:
+class cached:
   """`functools.cached_property` without its lock (Python 3.11 takes it on every first read)."""
 
   def __init__(self, fn):
@@ -46,7 +46,7 @@ class Var:
   def __hash__(self) -> int:   # cheaper than the generated hash((name,)); equality is by name
     return hash(self.name)
 
-  @_cached
+  @cached
   def sort_key(self) -> tuple:
     return (0, self.name)
 
@@ -73,18 +73,31 @@ class OpAtom:
     if self.op not in OPERATIONS:
       raise ValueError(f"unknown dimension operation {self.op!r}")
 
-  @_cached
+  def __hash__(self) -> int:
+    # The generated hash((op, operands)), once: atoms key the dicts of Poly arithmetic.
+    try:
+      return self.__dict__["_hash"]
+    except KeyError:
+      h = hash((self.op, self.operands))
+      object.__setattr__(self, "_hash", h)
+      return h
+
+  def __getstate__(self) -> dict:
+    # The fields only: the cached hash depends on the process's string-hash seed.
+    return {"op": self.op, "operands": self.operands}
+
+  @cached
   def sort_key(self) -> tuple:
     return (1, self.op, tuple(o.sort_key for o in self.operands))
 
   def evaluate(self, env: Mapping[str, int]) -> int:
     vals = [o.evaluate(env) for o in self.operands]
-    return _apply(self.op, *vals)
+    return apply_operation(self.op, *vals)
 
   def variables(self) -> frozenset[str]:
     return self._variables
 
-  @_cached
+  @cached
   def _variables(self) -> frozenset[str]:
     return frozenset().union(*(o.variables() for o in self.operands))
 
@@ -97,7 +110,8 @@ Atom = Union[Var, OpAtom]
 Monomial = tuple[tuple[Atom, int], ...]
 
 
-def _apply(op: str, a: int, b: int) -> int:
+def apply_operation(op: str, a: int, b: int) -> int:
+  """op(a, b) on integers, as an OpAtom evaluates it (ZeroDivisionError for a zero divisor)."""
   if op == FLOORDIV:
     if b == 0:
       raise ZeroDivisionError("floordiv by zero in a dimension expression")
@@ -137,6 +151,14 @@ def _mono_mul(m1: Monomial, m2: Monomial) -> Monomial:
   return tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
 
 
+def _power(cache: dict, a, terms, e: int):
+  """terms**e (e >= 1) as unsorted terms; cache[a] keeps the powers found so far."""
+  found = cache.setdefault(a, [terms])
+  while len(found) < e:
+    found.append(tuple(_mul_terms(found[-1], terms).items()))
+  return found[e - 1]
+
+
 def _mul_terms(t1, t2) -> dict[Monomial, int]:
   d: dict[Monomial, int] = {}
   for m1, c1 in t1:
@@ -163,6 +185,10 @@ class Poly:
       h = hash(self.terms)
       object.__setattr__(self, "_hash", h)
       return h
+
+  def __getstate__(self) -> dict:
+    # Only the terms: the cached hash depends on the process's string-hash seed.
+    return {"terms": self.terms}
 
   # --- constructors -------------------------------------------------------
   @staticmethod
@@ -195,7 +221,7 @@ class Poly:
     raise TypeError(f"cannot use {x!r} of type {type(x).__name__} as a dimension polynomial")
 
   # --- queries ------------------------------------------------------------
-  @_cached
+  @cached
   def sort_key(self) -> tuple:
     return tuple((_mono_key(m), c) for m, c in self.terms)
 
@@ -213,25 +239,29 @@ class Poly:
         return c
     return 0
 
+  # atoms() and variables() are cached on the instance; a fresh Poly (one per
+  # parsed string) misses once, so the miss path avoids raising an exception.
   def atoms(self) -> frozenset[Atom]:
-    try:
-      return self.__dict__["_atoms"]
-    except KeyError:
-      out = frozenset(a for m, _ in self.terms for a, _ in m)
+    out = self.__dict__.get("_atoms")
+    if out is None:
+      out = frozenset([a for m, _ in self.terms for a, _ in m])
       object.__setattr__(self, "_atoms", out)
-      return out
+    return out
 
   def variables(self) -> frozenset[str]:
     """All dimension variable names, including those inside operation atoms."""
-    try:
-      return self.__dict__["_variables"]
-    except KeyError:
+    out = self.__dict__.get("_variables")
+    if out is None:
       names: set[str] = set()
-      for a in self.atoms():
-        names |= a.variables()
+      for m, _ in self.terms:   # names straight from the terms: Var hashes are Python calls
+        for a, _ in m:
+          if type(a) is Var:
+            names.add(a.name)
+          else:
+            names |= a.variables()
       out = frozenset(names)
       object.__setattr__(self, "_variables", out)
-      return out
+    return out
 
   def degree(self) -> int:
     return max((sum(e for _, e in m) for m, _ in self.terms), default=0)
@@ -257,15 +287,35 @@ class Poly:
     return total
 
   def substitute(self, mapping: Mapping[Atom, "Poly"]) -> "Poly":
-    """Replaces atoms by polynomials (atoms not in `mapping` stay)."""
+    """Replaces atoms by polynomials (atoms not in `mapping` stay).
+
+    A replacement by a monomial (another atom, a constant, 128*k: most of
+    them) only moves exponents and scales the coefficient; the others are
+    multiplied out.
+    """
+    monomials = {a: q.terms[0] for a, q in mapping.items() if len(q.terms) == 1}
+    powers: dict[Atom, list] = {}   # the other replacements' powers, as unsorted terms
     out: dict[Monomial, int] = {}
     for m, c in self.terms:
-      t: dict[Monomial, int] = {(): c}
+      exps: dict[Atom, int] = {}
+      rest = None   # the product of the other replacements, as terms
       for a, e in m:
-        factor = mapping[a] ** e if a in mapping else Poly(((((a, e),), 1),))
-        t = _mul_terms(t.items(), factor.terms)
-      for mono, coeff in t.items():
-        out[mono] = out.get(mono, 0) + coeff
+        if a not in mapping:
+          exps[a] = exps.get(a, 0) + e
+        elif a in monomials:
+          qm, qc = monomials[a]
+          c *= qc ** e
+          for b, f in qm:
+            exps[b] = exps.get(b, 0) + f * e
+        else:
+          factor = _power(powers, a, mapping[a].terms, e)
+          rest = factor if rest is None else tuple(_mul_terms(rest, factor).items())
+      mono = tuple(sorted(exps.items(), key=lambda ae: ae[0].sort_key))
+      if rest is None:
+        out[mono] = out.get(mono, 0) + c
+      else:
+        for m2, c2 in _mul_terms(((mono, c),), rest).items():
+          out[m2] = out.get(m2, 0) + c2
     return Poly.from_dict(out)
 
   # --- arithmetic ---------------------------------------------------------
@@ -370,7 +420,7 @@ ONE = Poly((((), 1),))
 def _operation(op: str, a: PolyLike, b: PolyLike) -> Poly:
   a, b = Poly.lift(a), Poly.lift(b)
   if a.is_constant() and b.is_constant():
-    return Poly.const(_apply(op, a.constant, b.constant))
+    return Poly.const(apply_operation(op, a.constant, b.constant))
   if op in (FLOORDIV, MOD) and b.is_constant():
     k = b.constant
     if k == 0:
