@@ -244,10 +244,15 @@ class _IntTables:
     # evaluated once; no reference to `graph` is kept (see _TRANSIENTS), so the
     # cache below never keeps a traced call alive.
     evaluated: dict[Poly, int] = {}
+    by_id: dict[int, tuple[Poly, int]] = {}   # most values share a few Poly objects
     def evaluate(p: Poly) -> int:
+      hit = by_id.get(id(p))
+      if hit is not None and hit[0] is p:
+        return hit[1]
       x = evaluated.get(p)
       if x is None:
         x = evaluated[p] = p.evaluate(env)
+      by_id[id(p)] = (p, x)                    # keeps p alive: its id stays its own
       return x
     value_bytes = {v: evaluate(graph.bytes(v)) for v in program.value_ids()}
     node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))

@@ -121,9 +121,10 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       return None
     return after[0]
 
+  size_at = memory.order_tables(graph, env, program, donated).size_of   # bytes at env
   candidates = {v: u for v in program.value_ids() if v in producer
-                and (u := spans_peak(v)) is not None
-                and graph.bytes(v).evaluate(env) >= min_fraction * peak}
+                and size_at(v) >= min_fraction * peak
+                and (u := spans_peak(v)) is not None}
 
   def live_at(v, u) -> bool:
     if v not in producer:   # an argument: held by the caller
@@ -132,14 +133,14 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
 
   regions = []
   for v, u in candidates.items():
-    limit = graph.bytes(v).evaluate(env) // 2
+    limit = size_at(v) // 2
     def anchor(a, prefer_recompute):
       """Whether the regeneration of v reads `a` instead of recomputing it."""
       if a in program.inputs:
         return True
       if not live_at(a, u):
         return False
-      return not prefer_recompute or graph.bytes(a).evaluate(env) <= limit
+      return not prefer_recompute or size_at(a) <= limit
     sub = _regeneration(program, producer, v, anchor, max_nodes)
     if sub is None:
       continue
