@@ -264,18 +264,15 @@ def test_list_schedules_equal_brute_force(ops):
   impact; their orders and decision counts equal recomputing and comparing everything."""
   traced = symmem.trace(jax.grad(_random_program(ops, 4)), jax.ShapeDtypeStruct((2, 4), jnp.float32),
                         polymorphic_shapes="b, _", constraints=("b <= 16",))
-  graph = symmem.shape_graph(traced)
-  sched = schedule.schedule(graph)
-  orders, counts = _reference_list_schedules(graph, traced.program, graph.constraints.complete(
-      graph.max_dims()))
-  for name in ("forward", "backward"):
-    assert sched.candidates[name] == orders[name]
-    assert sched.passes[name] == counts[name]
+  _assert_list_passes_equal_brute_force(traced, symmem.shape_graph(traced))
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
 def test_list_schedules_equal_brute_force_on_the_example_programs(case):
-  traced, graph = _traced(case.name)
+  _assert_list_passes_equal_brute_force(*_traced(case.name))
+
+
+def _assert_list_passes_equal_brute_force(traced, graph):
   sched = schedule.schedule(graph)
   orders, counts = _reference_list_schedules(graph, traced.program, graph.constraints.complete(
       graph.max_dims()))
