@@ -69,7 +69,7 @@ class Decider:
   never does, so every comparison falls back; "static" means `at` are the exact
   dims, so sizes are evaluated there and nothing is counted.
 
-  Sizes can be interned (`intern`, then `decide_interned`): a list pass meets the
+  Sizes are interned (`intern`; `lookup` and `count` on the ids): a list pass meets the
   same few hundred impacts millions of times, so each pair is decided once and
   every call after that is a lookup (and still counted).
   """
@@ -84,7 +84,7 @@ class Decider:
     self._memo: dict[tuple[int, int], tuple[str | None, Decision]] = {}
 
   def intern(self, size: Poly) -> int:
-    """A small integer naming `size` for `decide_interned`."""
+    """A small integer naming `size` for `lookup`."""
     k = self._ids.get(size)
     if k is None:
       k = self._ids[size] = len(self._polys)
@@ -92,11 +92,8 @@ class Decider:
     return k
 
   def decide(self, lhs: Poly, rhs: Poly) -> Decision:
-    return self.decide_interned(self.intern(lhs), self.intern(rhs))
-
-  def decide_interned(self, lhs: int, rhs: int) -> Decision:
-    """`decide` on interned sizes."""
-    outcome, decision = self.lookup(lhs, rhs)
+    """How lhs compares with rhs, counted."""
+    outcome, decision = self.lookup(self.intern(lhs), self.intern(rhs))
     self.count((outcome,))
     return decision
 

@@ -202,9 +202,7 @@ def peak_at(graph: ShapeGraph, env: Mapping[str, int], program: Program | None =
   not depend on the order is evaluated once (`_IntTables`) and cached.
   """
   program = graph.traced.program if program is None else program
-  env = graph.constraints.complete(dict(env))
-  tables = _int_tables(graph, program, env, frozenset(donated))
-  return tables.peak(_check_order(program, order))
+  return order_tables(graph, env, program, donated).peak(_check_order(program, order))
 
 
 def peak_step(graph: ShapeGraph, env: Mapping[str, int], program: Program | None = None,
@@ -212,11 +210,10 @@ def peak_step(graph: ShapeGraph, env: Mapping[str, int], program: Program | None
   """(position in the order, bytes) of the first step at the peak at concrete dims,
   as `profile(...).peak.argmax` locates it, computed with integers."""
   program = graph.traced.program if program is None else program
-  env = graph.constraints.complete(dict(env))
-  order = _check_order(program, order)
+  tables, order = order_tables(graph, env, program, donated), _check_order(program, order)
   if not order:
-    return 0, _int_tables(graph, program, env, frozenset(donated)).arguments
-  steps = _int_tables(graph, program, env, frozenset(donated)).step_bytes(order)
+    return 0, tables.arguments
+  steps = tables.step_bytes(order)
   k = int(np.argmax(steps)) if isinstance(steps, np.ndarray) else steps.index(max(steps))
   return k, int(steps[k])
 
@@ -244,15 +241,10 @@ class _IntTables:
     # evaluated once; no reference to `graph` is kept (see _TRANSIENTS), so the
     # cache below never keeps a traced call alive.
     evaluated: dict[Poly, int] = {}
-    by_id: dict[int, tuple[Poly, int]] = {}   # most values share a few Poly objects
     def evaluate(p: Poly) -> int:
-      hit = by_id.get(id(p))
-      if hit is not None and hit[0] is p:
-        return hit[1]
       x = evaluated.get(p)
       if x is None:
         x = evaluated[p] = p.evaluate(env)
-      by_id[id(p)] = (p, x)                    # keeps p alive: its id stays its own
       return x
     value_bytes = {v: evaluate(graph.bytes(v)) for v in program.value_ids()}
     node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))
@@ -346,9 +338,7 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   layout = _BufferLayout(tuple(index), np.asarray(use_node, np.int64),
                          np.asarray(use_buf, np.int64), tuple(owned), tuple(doa),
                          tuple(n for n in program.nodes if n.subprograms), len(program.nodes))
-  _LAYOUTS[key] = (program, layout)
-  while len(_LAYOUTS) > _INT_TABLES_MAX:
-    _LAYOUTS.pop(next(iter(_LAYOUTS)))
+  _remember(_LAYOUTS, key, (program, layout))
   return layout
 
 
@@ -363,10 +353,15 @@ def _int_tables(graph: ShapeGraph, program: Program, env: Mapping[str, int],
   hit = _INT_TABLES.pop(key, None)
   if hit is None or hit[0]() is not graph or hit[1] is not program:
     hit = (weakref.ref(graph), program, _IntTables(graph, program, env, donated))
-  _INT_TABLES[key] = hit            # most recently used last
-  while len(_INT_TABLES) > _INT_TABLES_MAX:
-    _INT_TABLES.pop(next(iter(_INT_TABLES)))
+  _remember(_INT_TABLES, key, hit)
   return hit[2]
+
+
+def _remember(cache: dict, key, value) -> None:
+  """Stores `value` as the most recently used entry, dropping the oldest past the limit."""
+  cache[key] = value
+  while len(cache) > _INT_TABLES_MAX:
+    cache.pop(next(iter(cache)))
 
 
 def _check_order(program: Program, order) -> tuple[int, ...]:

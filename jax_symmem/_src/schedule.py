@@ -25,7 +25,7 @@ import bisect
 import collections
 import dataclasses
 import functools
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -334,16 +334,10 @@ class _State:
     return [collections.Counter(self.buffer[x] for x in n.inputs if not isinstance(x, Const))
             for n in self.program.nodes]
 
-  def operand_buffers(self, i: int) -> collections.Counter:
-    return self.operands[i]
-
   @functools.cached_property
   def own(self) -> list[list[int]]:
     """node -> the outputs that own a buffer (not aliases of an operand)."""
     return [[o for o in n.outputs if self.buffer[o] == o] for n in self.program.nodes]
-
-  def own_outputs(self, i: int) -> list[int]:
-    return self.own[i]
 
   @functools.cached_property
   def readers(self) -> dict[int, list[int]]:
@@ -445,15 +439,16 @@ class _Chooser:
 
 
 class _Ready:
-  """The ready nodes, grouped by impact; each group's preference keys sorted.
+  """The ready nodes, grouped by impact (`impact(i)`, computed when a node becomes
+  ready); each group's preference keys sorted.
 
   Forward passes prefer low node indices, backward passes high ones (key -i).
-  An impact read while a node waits may change when another node is placed:
-  `stale(i)` marks it, and it is regrouped before the next pick.
+  A waiting node's impact may change when another node is placed: `stale(i)`
+  marks it, and it is recomputed and regrouped before the next pick.
   """
 
-  def __init__(self, impacts: "_Impacts", descending: bool):
-    self.impacts, self.sign = impacts, -1 if descending else 1
+  def __init__(self, impact: Callable[[int], tuple[int, int]], descending: bool):
+    self.impact, self.sign = impact, -1 if descending else 1
     self.groups: dict[tuple[int, int], list[int]] = {}
     self.impact_of: dict[int, tuple[int, int]] = {}
     self._stale: set[int] = set()
@@ -468,7 +463,7 @@ class _Ready:
     return self.sign * key
 
   def add(self, i: int) -> None:
-    impact = self.impact_of[i] = self.impacts[i]
+    impact = self.impact_of[i] = self.impact(i)
     bisect.insort(self.groups.setdefault(impact, []), self.key(i))
 
   def remove(self, i: int) -> None:
@@ -479,7 +474,6 @@ class _Ready:
       del self.groups[impact]
 
   def stale(self, i: int) -> None:
-    self.impacts.pop(i, None)
     if i in self.impact_of:
       self._stale.add(i)
 
@@ -501,19 +495,6 @@ def _better(decision, count: int, best_count: int) -> bool:
   return decision.sign < 0 or (decision.sign == 0 and decision.proven and count < best_count)
 
 
-class _Impacts(dict):
-  """node -> its impact, computed when first read; callers drop (`pop`) the entries
-  of nodes whose impact a placement may have changed."""
-
-  def __init__(self, compute):
-    super().__init__()
-    self.compute = compute
-
-  def __missing__(self, i):
-    hit = self[i] = self.compute(i)
-    return hit
-
-
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
   program = state.program
@@ -526,7 +507,7 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     new = state.own[i]
     ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
     return chooser.impact(new, ending)
-  ready = _Ready(_Impacts(impact), descending=False)
+  ready = _Ready(impact, descending=False)
   waiting = [len(ps) for ps in state.preds]
   for i, w in enumerate(waiting):
     if w == 0:
@@ -561,7 +542,7 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     added = [b for b in state.operands[i] if b not in live and b not in state.held]
     retired = [o for o in state.own[i] if o in live and o not in state.outputs]
     return chooser.impact(added, retired)
-  ready = _Ready(_Impacts(impact), descending=True)
+  ready = _Ready(impact, descending=True)
   waiting = [len(s) for s in state.succs]
   for i, w in enumerate(waiting):
     if w == 0:
@@ -571,9 +552,11 @@ def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     best = chooser.pick(ready)
     placed.append(best)
     ready.remove(best)
-    changed = (set(state.own[best]) - state.outputs) | (set(state.operands[best]) - live)
-    live -= set(state.own[best]) - state.outputs
-    live |= set(state.operands[best])
+    retired = set(state.own[best]) - state.outputs
+    added = set(state.operands[best]) - live
+    live -= retired
+    live |= added
+    changed = retired | added
     for b in changed:                  # the impacts of nodes touching them may have changed
       for r in state.readers.get(b, ()):
         ready.stale(r)
