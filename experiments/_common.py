@@ -119,14 +119,25 @@ def command() -> str:
   return shlex.join(head + sys.argv[1:])
 
 
-def git_revision() -> str | None:
-  """HEAD of the checkout the experiments run from; None outside git."""
+def git_revision(checkout=None) -> str | None:
+  """HEAD of `checkout` (default: the one the experiments run from); None outside git."""
   try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=pathlib.Path(__file__).parent,
+    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout or pathlib.Path(__file__).parent,
                          capture_output=True, text=True, check=False)
   except OSError:
     return None
   return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def run_python(code: str, args: list[str], env: Mapping[str, str] | None = None,
+               cwd=None) -> dict:
+  """Runs `python -c code *args` in a fresh process; its last line of output, as JSON.
+  (`python -c` puts `cwd` first on sys.path.)"""
+  out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=cwd,
+                       capture_output=True, text=True, check=False)
+  if out.returncode:
+    raise RuntimeError(f"python -c ... {args} failed:\n{out.stderr[-4000:]}")
+  return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def envelope(result: Mapping[str, Any]) -> dict:

@@ -25,7 +25,6 @@ import json
 import os
 import pathlib
 import platform
-import subprocess
 import sys
 import tempfile
 
@@ -78,11 +77,8 @@ def _run(cache_dir: str, preset: str, scan: bool, seed: int, xla_cache: str | No
          budget: int) -> dict:
   env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED=str(seed),
              JAX_SYMMEM_PLAN_CACHE=cache_dir, JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _CHILD, preset, "1" if scan else "0",
-                        json.dumps(DIMS), xla_cache or "-", str(budget)], env=env, capture_output=True, text=True, check=False)
-  if out.returncode:
-    raise RuntimeError(out.stderr[-4000:])
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return _common.run_python(_CHILD, [preset, "1" if scan else "0", json.dumps(DIMS),
+                                      xla_cache or "-", str(budget)], env)
 
 
 def main() -> None:

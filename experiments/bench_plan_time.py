@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -99,12 +98,7 @@ def _child(code: str, args: list[str], tree: str | None) -> dict:
   env = dict(os.environ)
   env["PYTHONPATH"] = os.pathsep.join([tree or str(ROOT), str(ROOT)] +
                                       ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-  # `python -c` puts its working directory first on sys.path: run it in the tree.
-  out = subprocess.run([sys.executable, "-c", code, *args], env=env, cwd=tree or ROOT,
-                       capture_output=True, text=True, check=False)
-  if out.returncode != 0:
-    raise RuntimeError(f"child {args} failed:\n{out.stderr[-3000:]}")
-  return json.loads(out.stdout.strip().splitlines()[-1])
+  return _common.run_python(code, args, env, cwd=tree or ROOT)   # cwd: the tree comes first
 
 
 def time_presets(presets: list[str], tree: str | None) -> dict:
@@ -160,9 +154,7 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=str(RESULTS))
   args = parser.parse_args(argv)
   split = lambda s: [x for x in s.split(",") if x]
-  tree_revision = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.tree or ROOT,
-                                 capture_output=True, text=True, check=False).stdout.strip()
-  result = {"tree": args.tree or str(ROOT), "tree_revision": tree_revision or None,
+  result = {"tree": args.tree or str(ROOT), "tree_revision": _common.git_revision(args.tree),
             "lengths": list(LENGTHS), "batch": BATCH,
             "timing": time_presets(split(args.presets), args.tree),
             "peaks": peaks(split(args.workloads), args.tree)}
