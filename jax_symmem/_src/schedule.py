@@ -54,9 +54,9 @@ class Schedule:
                 program: Program | None = None) -> tuple[int, ...]:
     """The candidate with the lowest modeled peak at `dims` (which order is best can
     depend on the shape, and at run time the shape is known), after the sink moves
-    judged at exactly those dims: 0.2 s for a 1B-parameter step, where the compile a
-    new shape costs anyway takes many seconds (at b=4, s=1024 it takes that step from
-    1.0104 to 0.9962 x the static planner's peak)."""
+    judged at exactly those dims: a fraction of a second for a 1B-parameter step, where
+    the compile a new shape costs anyway takes many seconds (at b=4, s=1024 it takes
+    that step's modeled peak from 1.0104 to 0.9962 x the static planner's)."""
     orders = [self.order] + [o for o in self.candidates.values() if o != self.order]
     best = min(orders, key=lambda o: memory.peak_at(graph, dims, program, o))
     if self.mode == "static":   # planned at exact dims already
@@ -151,8 +151,8 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
     return [memory.peak_at(graph, p, program, order, donated) for p in grid]
   # Only the schedules built at the shape of interest compete: the remat rounds are
   # planned on the main order there, and an order sunk at another shape can be lower
-  # at this one yet leave the rounds less to evict (measured: the small Llama's last
-  # round at b=4, s=1024, 676 vs 449 MiB). The others serve round 0 where they are best.
+  # at this one yet leave the rounds less to evict (the small Llama's last round at
+  # b=4, s=1024, modeled: 676 vs 449 MiB). The others serve round 0 where they are best.
   main = [name for name in candidates if "@" not in name]
   trace_peaks = peaks(candidates["trace"])
   scored = {name: peaks(candidates[name]) for name in main}
