@@ -99,6 +99,8 @@ class LoopEviction:
 def scan_pairs(program: Program) -> dict[int, LoopState]:
   """Forward scans whose stacked outputs only a backward scan of the same length reads,
   as scanned inputs; keyed by the forward scan's node index."""
+  if not any(n.name == "scan" for n in program.nodes):
+    return {}
   uses: dict[int, list[tuple[Node, int]]] = {}
   for node in program.nodes:
     for k, x in enumerate(node.inputs):

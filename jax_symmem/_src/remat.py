@@ -239,6 +239,15 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   nodes = list(program.nodes)
   avals = dict(program.avals)
   next_id = program.max_id() + 1
+  # Insertions never reorder the program's own nodes: their input positions decide
+  # which readers of an evicted value come from its consumer on.
+  pos = {i: k for k, i in enumerate(order)}
+  evicted = {r.value for r in regions}
+  readers: dict[int, list[int]] = {}
+  for n in program.nodes:
+    for x in n.inputs:
+      if not isinstance(x, Const) and x in evicted:
+        readers.setdefault(x, []).append(n.index)
   order = list(order)
   rename: dict[int, dict[int, int]] = {}   # consumer node -> {evicted value: regenerated value}
   blocks = []
@@ -276,13 +285,11 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
     order[k:k] = new_order
     blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value]))
     # 3. Every use of the value from the consumer on reads the regenerated copy.
-    for later in order[order.index(r.consumer):]:
-      if later < len(program.nodes):
+    for later in readers.get(r.value, ()):
+      if pos[later] >= pos[r.consumer]:
         rename.setdefault(later, {})[r.value] = mapping[r.value]
   for i, ren in rename.items():
     n = nodes[i]
-    if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
-      continue   # reads none of the evicted values: keep the node as it is
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
   return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)

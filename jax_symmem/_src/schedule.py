@@ -84,11 +84,28 @@ def is_valid_order(program: Program, order: Sequence[int],
                    preds: Sequence[set[int]] | None = None) -> bool:
   """A permutation of the nodes that respects data and effect dependencies
   (`preds`: `dependencies(program)`, where the caller checks several orders)."""
-  if sorted(order) != list(range(len(program.nodes))):
+  n = len(program.nodes)
+  if sorted(order) != list(range(n)):
     return False
-  pos = {i: k for k, i in enumerate(order)}
-  preds = dependencies(program) if preds is None else preds
-  return all(pos[p] < pos[i] for i, ps in enumerate(preds) for p in ps)
+  pos = np.empty(n, np.int64)
+  pos[np.asarray(order, np.int64)] = np.arange(n)
+  if preds is not None:
+    src = [p for ps in preds for p in ps]
+    dst = [i for i, ps in enumerate(preds) for _ in ps]
+  else:                         # the edges of `dependencies`, without building its sets
+    producer = {o: node.index for node in program.nodes for o in node.outputs}
+    src, dst, last_effect = [], [], None
+    for node in program.nodes:
+      for x in node.inputs:
+        if not isinstance(x, Const) and x in producer:
+          src.append(producer[x])
+          dst.append(node.index)
+      if node.effects:
+        if last_effect is not None:
+          src.append(last_effect)
+          dst.append(node.index)
+        last_effect = node.index
+  return bool(np.all(pos[np.asarray(src, np.int64)] < pos[np.asarray(dst, np.int64)]))
 
 
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,

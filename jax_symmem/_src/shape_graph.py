@@ -151,17 +151,24 @@ class ShapeGraph:
     self.dims: tuple[str, ...] = traced.dims
     values: dict[int, ValueInfo] = {}
     relations: list[Relation] = []
+    # (shape, dtype) -> (dims, dtype name, bytes, itemsize): a program has thousands of
+    # values but few distinct avals (shared with the graphs `extended` derives).
+    self._avals: dict[tuple, tuple] = {}
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
     self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
 
   # -- construction --
   def _info(self, vid, aval, node: Node | None) -> ValueInfo:
-    dims = jax_dims.shape_to_polys(getattr(aval, "shape", ()))
-    size = Poly.const(itemsize(aval)) * product(dims)
-    dtype = str(getattr(aval, "dtype", type(aval).__name__))
+    key = (getattr(aval, "shape", ()), getattr(aval, "dtype", type(aval).__name__))
+    described = self._avals.get(key)
+    if described is None:
+      dims = jax_dims.shape_to_polys(key[0])
+      size = Poly.const(itemsize(aval)) * product(dims)
+      described = self._avals[key] = (dims, str(key[1]), size, itemsize(aval))
+    dims, dtype, size, item = described
     return ValueInfo(vid, dims, dtype, size, node.name if node else None,
-                     node.source if node else "", itemsize(aval))
+                     node.source if node else "", item)
 
   def _collect(self, program: Program, values, relations, known=()) -> None:
     """Adds the values of `program` not in `known` to `values`, and its relations
