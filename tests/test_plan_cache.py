@@ -110,6 +110,8 @@ def test_miss_then_hit_replays_identical_rounds(tmp_path):
   assert any(isinstance(r, remat.Region) for rnd in warm.rounds for r in rnd.regions)
   _assert_same_plan(cold, warm)
   assert warm.plan == cold.plan
+  for a in (cold, warm):   # the time split that experiments/bench_plan_cache.py reports
+    assert set(a.seconds) == {"trace", "plan"} and all(t > 0 for t in a.seconds.values())
 
 
 def test_the_file_is_plain_json_with_a_format_version(tmp_path):

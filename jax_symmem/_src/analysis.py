@@ -38,6 +38,9 @@ class Analysis:
   memory_budget: int | None
   remat_stats: Mapping[str, int]
   origin: str = "planned"   # or the plan cache file whose decisions were replayed
+  # Wall seconds of `analyze_function`: "trace" (JAX tracing the step, which jax.jit
+  # pays as well) and "plan" (all after it: planning, or replaying a cached plan).
+  seconds: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
@@ -300,12 +303,18 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     annotated = None
     if undo_checkpoints and tracing.has_checkpoints(traced.closed_jaxpr):
       annotated, traced = traced, tracing.trace(fun, *args, save_everything=True, **kw)
+    traced_at = time.perf_counter()
+
+    def timed(result: Analysis) -> Analysis:
+      end = time.perf_counter()
+      return dataclasses.replace(result, seconds={"trace": traced_at - start,
+                                                  "plan": end - traced_at})
     cache_dir = plan_cache.directory(plan_cache_dir)
     if cache_dir is None:
       result = analyze_traced(traced, memory_budget, argument_divisors, annotated)
       if (elapsed := time.perf_counter() - start) >= progress.AFTER_S:
         logging.info("jax_symmem: planned %s in %.1f s", name, elapsed)
-      return result
+      return timed(result)
     key = plan_cache.fingerprint(
         [t.closed_jaxpr for t in (traced, annotated) if t is not None],
         traced.constraints.source, memory_budget, argument_divisors,
@@ -315,9 +324,9 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     if decisions is not None:
       try:
         result = analyze_traced(traced, memory_budget, argument_divisors, annotated, decisions)
-        logging.info("jax_symmem: plan for %s replayed from %s in %.2f s", name, path,
-                     time.perf_counter() - start)
-        return dataclasses.replace(result, origin=path)
+        logging.info("jax_symmem: plan for %s replayed from %s in %.2f s (%.2f s of it "
+                     "tracing)", name, path, time.perf_counter() - start, traced_at - start)
+        return timed(dataclasses.replace(result, origin=path))
       except Exception as e:  # a plan that does not fit the trace is never trusted
         logging.warning("jax_symmem: ignoring plan cache file %s (it does not replay: "
                         "%s: %s); planning again", path, type(e).__name__, e)
@@ -325,4 +334,4 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     saved = plan_cache.save(cache_dir, key, decisions_of(result))
     logging.info("jax_symmem: planned %s in %.2f s%s", name, time.perf_counter() - start,
                  f"; plan stored in {saved}" if saved else "")
-    return result
+    return timed(result)
