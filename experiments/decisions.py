@@ -28,6 +28,8 @@ Workloads (each runs in its own process, so a slow one can be cut off):
   llama      jax_symmem.examples.llama PRESETS["small"] (AdamW)
   llama_scan the same with scan_layers=True (nn.scan over stacked layers; the remat
              counts include ranking the scan pair's stacked residuals)
+  nnx_scan   the same model in Flax NNX (jax_symmem.examples.llama_nnx, nnx.scan over the
+             layers, nnx.Optimizer), as its authors' examples write it
   gpt2       jax_symmem.examples.gpt2 PRESETS["small"]
   hf_llama   HuggingFace transformers' FlaxLlamaModule for causal LM (transformers < 5;
              `pip install -e ".[experiments]"`), a random LlamaConfig of the llama
@@ -37,7 +39,7 @@ Workloads (each runs in its own process, so a slow one can be cut off):
              minutes on 2 shared cores; its full run:
              --workloads llama2_1b --timeout_1b 2400 --out experiments/results/decisions_llama2_1b.json)
 
-  python -m experiments.decisions [--workloads llama,gpt2,hf_llama,llama2_1b] [--batch 4]
+  python -m experiments.decisions [--workloads llama,llama_scan,nnx_scan,gpt2,hf_llama,llama2_1b] [--batch 4]
                                   [--lengths 64,256,512,1024] [--max_len 1024] [--max_batch 8]
                                   [--budget_fraction 0.5] [--timeout 1800] [--timeout_1b 300]
                                   [--noablation_remat] [--quick]
@@ -67,7 +69,7 @@ from experiments import _common  # noqa: E402
 from experiments._common import MiB  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results" / "decisions.json"
-WORKLOADS = ("llama", "llama_scan", "gpt2", "hf_llama", "llama2_1b")
+WORKLOADS = ("llama", "llama_scan", "nnx_scan", "gpt2", "hf_llama", "llama2_1b")
 SHAPES = (None, "b, s", "b, s")
 
 
@@ -82,6 +84,21 @@ def _llama_workload(preset: str, scan_layers: bool = False):
   return (llama.train_step_fn(llama.Llama(cfg, scan_layers=scan_layers)), state,
           {"model": f"llama.PRESETS[{preset!r}]" + (", scan_layers=True" if scan_layers else ""),
            "config": dataclasses.asdict(cfg)})
+
+
+def _nnx_scan_workload(preset: str):
+  """The llama preset written in Flax NNX with `nnx.scan` over the layers, stepped as
+  `llama_nnx.pure_train_step` (nnx.value_and_grad, nnx.Optimizer) over nnx.state."""
+  import jax
+  from flax import nnx
+  from jax_symmem.examples import llama, llama_nnx
+  cfg = llama.PRESETS[preset]
+  model, optimizer = llama_nnx.init_state(cfg, scan_layers=True)
+  state = jax.eval_shape(lambda: nnx.state((model, optimizer)))
+  num_params = sum(x.size for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param)))
+  return llama_nnx.pure_train_step(model, optimizer), state, {
+      "model": f"llama_nnx.Llama(llama.PRESETS[{preset!r}], scan_layers=True)",
+      "config": dataclasses.asdict(cfg), "num_params": int(num_params)}
 
 
 def _gpt2_workload(preset: str):
@@ -149,6 +166,7 @@ def build(name: str, quick: bool):
   small = "tiny" if quick else "small"
   return {"llama": lambda: _llama_workload(small),
           "llama_scan": lambda: _llama_workload(small, scan_layers=True),
+          "nnx_scan": lambda: _nnx_scan_workload(small),
           "gpt2": lambda: _gpt2_workload(small),
           "hf_llama": lambda: _hf_llama_workload(small),
           "llama2_1b": lambda: _llama_workload("llama2_1b")}[name]()
@@ -203,7 +221,8 @@ def run_workload(name: str, args, progress: str) -> dict:
   with _timed(out, "build"):
     fun, state, info = build(name, args.quick)
   out.update(info)
-  out["num_params"] = int(sum(x.size for x in jax.tree_util.tree_leaves(state["params"])))
+  if "num_params" not in out:   # linen-style states keep the parameters under "params"
+    out["num_params"] = int(sum(x.size for x in jax.tree_util.tree_leaves(state["params"])))
   out["state_bytes"] = int(sum(x.size * x.dtype.itemsize for x in jax.tree_util.tree_leaves(state)))
   max_len = min(args.max_len, out["config"].get("max_len", args.max_len))
   constraints = ("s >= 2", f"s <= {max_len}", f"b <= {args.max_batch}")
