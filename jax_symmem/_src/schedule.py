@@ -519,9 +519,35 @@ def _better(decision, count: int, best_count: int) -> bool:
   return decision.sign < 0 or (decision.sign == 0 and decision.proven and count < best_count)
 
 
+def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], tuple[int, int]],
+               descending: bool, blockers: Sequence[Sequence[int]],
+               unblocks: Sequence[Sequence[int]], placed: Callable[[int, _Ready], None]
+               ) -> list[int]:
+  """A list scheduler: a node is ready once its `blockers` are placed; the chooser picks
+  among the ready by `impact`; `placed(node, ready)` updates the pass's own state and
+  marks stale the ready nodes whose impact it changed. Returns the nodes in placement order."""
+  ready = _Ready(impact, descending)
+  waiting = [len(b) for b in blockers]
+  for i, w in enumerate(waiting):
+    if w == 0:
+      ready.add(i)
+  order = []
+  while len(ready):
+    best = chooser.pick(ready)
+    order.append(best)
+    ready.remove(best)
+    placed(best, ready)
+    for j in unblocks[best]:
+      waiting[j] -= 1
+      if waiting[j] == 0:
+        ready.add(j)
+  if len(order) != len(state.program.nodes):
+    raise ValueError("the program's dependencies have a cycle")
+  return order
+
+
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
-  program = state.program
   remaining = collections.Counter()
   for ops in state.operands:
     remaining.update(ops)
@@ -531,16 +557,8 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     new = state.own[i]
     ending = [b for b, k in state.operands[i].items() if remaining[b] == k and b not in keep]
     return chooser.impact(new, ending)
-  ready = _Ready(impact, descending=False)
-  waiting = [len(ps) for ps in state.preds]
-  for i, w in enumerate(waiting):
-    if w == 0:
-      ready.add(i)
-  order = []
-  while len(ready):
-    best = chooser.pick(ready)
-    order.append(best)
-    ready.remove(best)
+
+  def placed(best, ready):
     remaining.subtract(state.operands[best])
     for b in state.operands[best]:     # a buffer's last reader now ends it: its impact drops
       left = remaining[b]
@@ -548,48 +566,28 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
         for r in state.readers[b]:
           if state.operands[r][b] == left:
             ready.stale(r)
-    for s in state.succs[best]:
-      waiting[s] -= 1
-      if waiting[s] == 0:
-        ready.add(s)
-  if len(order) != len(program.nodes):
-    raise ValueError("the program's dependencies have a cycle")
-  return tuple(order)
+  return tuple(_list_pass(state, chooser, impact, False, state.preds, state.succs, placed))
 
 
 def _backward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, last to first, the node whose operands add least net of the outputs it retires."""
-  program = state.program
   live = set(state.outputs)
 
   def impact(i):
     added = [b for b in state.operands[i] if b not in live and b not in state.held]
     retired = [o for o in state.own[i] if o in live and o not in state.outputs]
     return chooser.impact(added, retired)
-  ready = _Ready(impact, descending=True)
-  waiting = [len(s) for s in state.succs]
-  for i, w in enumerate(waiting):
-    if w == 0:
-      ready.add(i)
-  placed = []
-  while len(ready):
-    best = chooser.pick(ready)
-    placed.append(best)
-    ready.remove(best)
+
+  def placed(best, ready):
+    nonlocal live
     retired = set(state.own[best]) - state.outputs
     added = set(state.operands[best]) - live
     live -= retired
     live |= added
-    changed = retired | added
-    for b in changed:                  # the impacts of nodes touching them may have changed
+    for b in retired | added:          # the impacts of nodes touching them may have changed
       for r in state.readers.get(b, ()):
         ready.stale(r)
       if b in state.producer:
         ready.stale(state.producer[b])
-    for p in state.preds[best]:
-      waiting[p] -= 1
-      if waiting[p] == 0:
-        ready.add(p)
-  if len(placed) != len(program.nodes):
-    raise ValueError("the program's dependencies have a cycle")
-  return tuple(reversed(placed))
+  return tuple(reversed(_list_pass(state, chooser, impact, True, state.succs, state.preds,
+                                   placed)))
