@@ -18,23 +18,15 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jax_symmem.examples import llama
+from jax_symmem.examples.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class GPT2Config:
-  vocab: int = 256
-  d_model: int = 64
+class GPT2Config(ModelConfig):
   n_layers: int = 2
-  n_heads: int = 4
   d_ff: int = 256
   max_len: int = 256           # rows of the position table: the longest sequence
-  dtype: str = "float32"
-  param_dtype: str = "float32"
   norm_eps: float = 1e-5
-
-  @property
-  def d_head(self) -> int:
-    return self.d_model // self.n_heads
 
 
 PRESETS = {

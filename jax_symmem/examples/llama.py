@@ -25,24 +25,14 @@ import jax.numpy as jnp
 import optax
 
 import jax_symmem as symmem
+from jax_symmem.examples.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class LlamaConfig:
-  vocab: int = 256
-  d_model: int = 64
+class LlamaConfig(ModelConfig):
   n_layers: int = 2
-  n_heads: int = 4
-  d_ff: int = 172
   max_len: int = 512           # the longest sequence the step is planned for
-  dtype: str = "float32"       # activations
-  param_dtype: str = "float32"
   rope_theta: float = 10000.0
-  norm_eps: float = 1e-6
-
-  @property
-  def d_head(self) -> int:
-    return self.d_model // self.n_heads
 
   def num_params(self) -> int:
     per_layer = 4 * self.d_model**2 + 3 * self.d_model * self.d_ff + 2 * self.d_model

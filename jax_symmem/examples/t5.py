@@ -28,24 +28,23 @@ import jax
 import jax.numpy as jnp
 
 from jax_symmem.examples import llama
+from jax_symmem.examples.config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)
-class T5Config:
-  vocab: int = 256
-  d_model: int = 64
+class T5Config(ModelConfig):
   n_enc_layers: int = 2
   n_dec_layers: int = 2
-  n_heads: int = 4
   d_kv: int = 16               # per-head width (T5 does not tie it to d_model / n_heads)
   d_ff: int = 256
   num_buckets: int = 32        # relative-position buckets per direction pair
   max_distance: int = 128      # distances beyond this share the last bucket
   max_src_len: int = 256       # the longest source / target the step is planned for
   max_tgt_len: int = 128
-  dtype: str = "float32"       # activations
-  param_dtype: str = "float32"
-  norm_eps: float = 1e-6
+
+  @property
+  def d_head(self) -> int:
+    return self.d_kv
 
 
 PRESETS = {

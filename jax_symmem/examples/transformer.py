@@ -13,23 +13,16 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from jax_symmem.examples.config import ModelConfig
+
 
 @dataclasses.dataclass(frozen=True)
-class Config:
-  vocab: int = 256
-  d_model: int = 64
-  n_heads: int = 4
-  d_ff: int = 172
+class Config(ModelConfig):
   n_layers: int = 2
-  dtype: str = "float32"
-
-  @property
-  def d_head(self) -> int:
-    return self.d_model // self.n_heads
 
 
 def init_params(key: jax.Array, cfg: Config) -> dict:
-  dt = jnp.dtype(cfg.dtype)
+  dt = jnp.dtype(cfg.param_dtype)
   keys = iter(jax.random.split(key, 2 + 6 * cfg.n_layers))
   def dense(shape):
     return (jax.random.normal(next(keys), shape) / jnp.sqrt(shape[0])).astype(dt)
@@ -48,7 +41,7 @@ def init_params(key: jax.Array, cfg: Config) -> dict:
           "final_norm": jnp.ones((cfg.d_model,), dt), "unembed": dense((cfg.d_model, cfg.vocab))}
 
 
-def rms_norm(x, scale, eps=1e-6):
+def rms_norm(x, scale, eps):
   return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + eps) * scale
 
 
@@ -70,10 +63,10 @@ def mlp(x, layer):
   return (jax.nn.silu(x @ layer["w_gate"]) * (x @ layer["w_up"])) @ layer["w_down"]
 
 
-def block(x, layer, n_heads):
+def block(x, layer, cfg: Config):
   """One pre-norm decoder layer: attention and MLP, each with a residual."""
-  x = x + attention(rms_norm(x, layer["attn_norm"]), layer, n_heads)
-  return x + mlp(rms_norm(x, layer["mlp_norm"]), layer)
+  x = x + attention(rms_norm(x, layer["attn_norm"], cfg.norm_eps), layer, cfg.n_heads)
+  return x + mlp(rms_norm(x, layer["mlp_norm"], cfg.norm_eps), layer)
 
 
 def _remat(fn, remat_policy):
@@ -99,8 +92,8 @@ def forward(params, tokens, cfg: Config, remat_policy: str | None = None):
   layer_fn = _remat(block, remat_policy)
   x = params["embed"][tokens]
   for layer in params["layers"]:
-    x = layer_fn(x, layer, cfg.n_heads)
-  return rms_norm(x, params["final_norm"]) @ params["unembed"]
+    x = layer_fn(x, layer, cfg)
+  return rms_norm(x, params["final_norm"], cfg.norm_eps) @ params["unembed"]
 
 
 def loss_fn(params, tokens, mask, cfg: Config, remat_policy: str | None = None):
