@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -84,3 +85,69 @@ def test_static_anchor_and_analysis_peaks():
     assert a.peak_bytes(**dims) == a.round_peak(0, dims) <= a.baseline_peak_bytes(**dims)
     assert a.static_peak_bytes(**dims) <= a.baseline_peak_bytes(**dims)
     assert a.peak_bytes(**dims) <= 1.01 * a.static_peak_bytes(**dims)
+
+
+# --- the regeneration bound: FLOPs, not a node count ----------------------------------------
+
+W_DIM = 32
+
+
+def _chain_step(n_ops):
+  """A step whose first matmul reads `h`, built from the data by a chain of 2 * n_ops cheap
+  elementwise ops: h is a residual of the backward pass that only the chain regenerates."""
+  def step(w, x):
+    def loss(w):
+      h = x
+      for _ in range(n_ops):
+        h = jnp.sin(h) * 0.9
+      a = jnp.tanh(h @ w)
+      return jnp.sum(jnp.tanh(a @ w) ** 2)
+    return jax.grad(loss)(w)
+  return step
+
+
+def _chain_args(b, s):
+  w = jax.random.normal(jax.random.PRNGKey(0), (W_DIM, W_DIM)) / W_DIM
+  return w, jax.random.normal(jax.random.PRNGKey(1), (b, s, W_DIM))
+
+
+def _chain_plan(n_ops):
+  traced = symmem.trace(_chain_step(n_ops), *_chain_args(2, 8),
+                        polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 256", "b <= 4"))
+  graph = symmem.shape_graph(traced)
+  sched = schedule.schedule(graph)
+  return graph, sched, remat.plan(graph, sched.order)
+
+
+def test_a_long_cheap_chain_is_regenerated_and_the_rewrite_equals_jax_jit():
+  graph, sched, p = _chain_plan(30)
+  # The chain's 60 ops regenerate h: more than the 40-node cap this bound replaced.
+  long = [r for r in p.regions if len(r.nodes) > 40]
+  assert long, [len(r.nodes) for r in p.regions]
+  program, order, _ = remat.apply_regions(graph.traced.program, sched.order, long[:1])
+  assert schedule.is_valid_order(program, order)
+  args = _chain_args(3, 50)
+  from jax_symmem._src import tracing
+  specialized = tracing.specialize_program(program, graph.constraints.complete({"b": 3, "s": 50}))
+  outs, _, _ = executor.run_tracked(specialized, [jnp.asarray(a) for a in args], order)
+  want = jax.jit(_chain_step(30))(*args)
+  np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_ops", [5, 30, 400])
+def test_every_region_costs_at_most_its_share_of_the_step(n_ops):
+  graph, _, p = _chain_plan(n_ops)
+  env = graph.constraints.complete(graph.max_dims())
+  program = graph.traced.program
+  step = sum(remat.flops(graph, n).evaluate(env) for n in program.nodes)
+  assert 0 < p.max_flops_per_byte <= step   # the step's FLOPs per evictable byte
+  for r in p.regions:
+    # Brute force: the region's cost is the sum of its nodes' FLOPs, and within the bound.
+    cost = sum(remat.flops(graph, program.nodes[i]).evaluate(env) for i in r.nodes)
+    assert cost == r.cost.evaluate(env) <= p.max_flops_per_byte * r.saved.evaluate(env)
+  # h's regeneration (the whole chain: 2 * n_ops FLOPs per element of h, 4 bytes) is in
+  # the plan exactly when that is within the bound (n_ops = 400 is not).
+  h_bytes = 4 * env["b"] * env["s"] * W_DIM
+  chain = 2 * n_ops * env["b"] * env["s"] * W_DIM
+  found = any(len(r.nodes) >= 2 * n_ops for r in p.regions)
+  assert found == (chain <= p.max_flops_per_byte * h_bytes)

@@ -6,7 +6,8 @@ regeneration subgraph recomputes it, right before that later use, from anchors:
 values that are live at that point anyway (held arguments, constants, values
 whose own lifetime spans the use and that are never evicted). Evicting it saves
 its bytes across the peak, at the cost of the subgraph's FLOPs; both are exact
-polynomials over the dims. Regions are ranked by FLOPs per byte saved.
+polynomials over the dims. A regeneration may cost at most its share, by bytes, of
+the step's FLOPs (no node count: `plan`). Regions are ranked by FLOPs per byte saved.
 
 `apply_regions` rewrites the program: the evicted value's later uses read a
 recomputed copy, computed by cloned nodes whose anchors first pass through an
@@ -18,6 +19,7 @@ the two (with `cse_barrier_expander` disabled, DESIGN.md F1).
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import functools
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -79,12 +81,16 @@ class RematPlan:
   order: tuple[int, ...]            # the schedule the plan was made for
   peak_position: int                # the peak step at the shape of interest
   counts: DecisionCounts            # how the ranking's comparisons were decided
+  # The bound every region meets at the shape of interest: cost <= this x saved bytes
+  # (the step's FLOPs per evictable byte there; see `plan`).
+  max_flops_per_byte: fractions.Fraction = fractions.Fraction(0)
 
 
 def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
          shape_of_interest: Mapping[str, int] | None = None,
-         min_fraction: float = 0.002, max_nodes: int = 40, donated: Iterable[int] = (),
-         loops: Mapping[int, "loop_remat.LoopState"] | None = None) -> RematPlan:
+         min_fraction: float = 0.002, donated: Iterable[int] = (),
+         loops: Mapping[int, "loop_remat.LoopState"] | None = None,
+         node_flops: "NodeFlops | None" = None) -> RematPlan:
   """Finds eviction candidates across the peak and their regeneration subgraphs.
 
   Args:
@@ -94,7 +100,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     shape_of_interest: where the peak step is located and DEPENDS rankings are
       resolved (default: the largest allowed dims).
     min_fraction: ignore values smaller than this fraction of the peak there.
-    max_nodes: largest regeneration subgraph.
+    node_flops: a node's FLOPs at the shape of interest, cached across the rounds
+      of one `plan_rounds` (default: a fresh cache).
     loops: scan pairs (`loop_remat.scan_pairs`) whose stacked residuals are also
       candidates (`loop_remat.LoopEviction`), ranked with the regions.
   """
@@ -131,6 +138,17 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       return v in program.inputs
     return pos[producer[v]] < u and max(uses.get(v, [-1])) >= u
 
+  # The bound on a regeneration's cost, in place of a node count: its share, by bytes
+  # saved, of the whole step's FLOPs among the values evictable here. Evicting every
+  # candidate at its bound would recompute at most one step (the step's FLOPs at most
+  # double; per-layer checkpointing, one forward, is well inside: F14), and the bound
+  # scales with the step instead of a model's op count: a long chain of cheap ops
+  # passes (a causal mask rebuilt by 60 elementwise ops), a layer's input regenerated
+  # through every layer before it (cost growing with depth) does not.
+  if node_flops is None or node_flops.env != env:
+    node_flops = NodeFlops(env)
+  step = sum(node_flops(graph, n) for n in program.nodes)
+  evictable = sum(size_at(v) for v in candidates)
   regions = []
   for v, u in candidates.items():
     limit = size_at(v) // 2
@@ -141,7 +159,9 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       if not live_at(a, u):
         return False
       return not prefer_recompute or size_at(a) <= limit
-    sub = _regeneration(program, producer, v, anchor, max_nodes)
+    sub = _regeneration(program, producer, v, anchor,
+                        lambda i: node_flops(graph, program.nodes[i]),
+                        size_at(v) * step // evictable)   # exact: FLOPs are integers
     if sub is None:
       continue
     nodes, anchors = sub
@@ -151,7 +171,22 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
                               min_fraction * peak)
   decider = Decider(graph.constraints, env)
-  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts)
+  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts,
+                   fractions.Fraction(step, max(evictable, 1)))
+
+
+class NodeFlops:
+  """A node's FLOPs at one shape, cached by node identity: the rounds of a plan share
+  most nodes (a rewrite replaces only the nodes it renames)."""
+
+  def __init__(self, env: Mapping[str, int]):
+    self.env, self._cache = dict(env), {}
+
+  def __call__(self, graph: ShapeGraph, node: Node) -> int:
+    hit = self._cache.get(id(node))
+    if hit is None or hit[0] is not node:   # the node is kept: its id is never reused
+      hit = self._cache[id(node)] = (node, flops(graph, node).evaluate(self.env))
+    return hit[1]
 
 
 def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes):
@@ -168,14 +203,16 @@ def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes)
   return out
 
 
-def _regeneration(program: Program, producer, value, anchor, max_nodes):
+def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
   """(nodes, anchors) recomputing `value`, or None.
 
   Walks back from `value`: a small value that is live at the use (or an
-  argument) becomes an anchor; a large one is recomputed while the subgraph has
-  room and its producer may be recomputed, and read as an anchor otherwise.
+  argument) becomes an anchor; a large one is recomputed while the subgraph
+  costs at most `max_cost` FLOPs and its producer may be recomputed, and read
+  as an anchor otherwise.
   """
   nodes: list[int] = []
+  cost, taken = 0, set()
   anchors: set[int] = set()
   stack, seen = [value], set()
   while stack:
@@ -187,9 +224,12 @@ def _regeneration(program: Program, producer, value, anchor, max_nodes):
       anchors.add(v)
       continue
     node = program.nodes[producer[v]] if v in producer else None
-    if node is not None and recomputable(node) and (node.index in nodes or len(nodes) < max_nodes):
-      if node.index not in nodes:
+    if node is not None and recomputable(node) and (
+        node.index in taken or cost + cost_of(node.index) <= max_cost):
+      if node.index not in taken:
+        taken.add(node.index)
         nodes.append(node.index)
+        cost += cost_of(node.index)
       stack.extend(x for x in node.inputs if not isinstance(x, Const))
     elif v != value and anchor(v, prefer_recompute=False):
       anchors.add(v)
@@ -363,13 +403,14 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   """
   tight = dict(shape_of_interest or graph.max_dims())
   rounds = [first_round(graph, order)]
+  node_flops = NodeFlops(graph.constraints.complete(tight))
   counts = DecisionCounts()
   best, stale = rounds[0].peak_at(tight), 0
   for k in range(max_rounds):
     progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
     last = rounds[-1]
     p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
-             loops=last.loops)
+             loops=last.loops, node_flops=node_flops)
     counts += p.counts
     chosen: list[Region] = []
     for r in p.regions:
