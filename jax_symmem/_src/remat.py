@@ -140,11 +140,11 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
 
   # The bound on a regeneration's cost, in place of a node count: its share, by bytes
   # saved, of the whole step's FLOPs among the values evictable here. Evicting every
-  # candidate at its bound would recompute at most one step (the step's FLOPs at most
-  # double; per-layer checkpointing, one forward, is well inside: F14), and the bound
-  # scales with the step instead of a model's op count: a long chain of cheap ops
-  # passes (a causal mask rebuilt by 60 elementwise ops), a layer's input regenerated
-  # through every layer before it (cost growing with depth) does not.
+  # candidate at its bound would recompute at most one step (the FLOPs at most double;
+  # per-layer checkpointing recomputes one forward, about a third: F14). It scales with
+  # the step, not with how many ops a model writes: a long chain of cheap ops passes
+  # (HF Llama's attention probabilities, 73 ops with the rotary gathers and the mask),
+  # a layer's input regenerated through the layers before it soon costs more.
   if node_flops is None or node_flops.env != env:
     node_flops = NodeFlops(env)
   step = sum(node_flops(graph, n) for n in program.nodes)
