@@ -1,5 +1,6 @@
 """Rematerialization: regions recompute exactly what they evict, and lower the modeled peak."""
 
+import dataclasses
 import functools
 
 import jax
@@ -151,3 +152,81 @@ def test_every_region_costs_at_most_its_share_of_the_step(n_ops):
   chain = 2 * n_ops * env["b"] * env["s"] * W_DIM
   found = any(len(r.nodes) >= 2 * n_ops for r in p.regions)
   assert found == (chain <= p.max_flops_per_byte * h_bytes)
+
+
+# --- shared recomputation: work that several evicted values need runs once ------------------
+
+
+def _fork_step(w1, w2, w3, x):
+  """h = sin(x @ w1) feeds two branches; the values they keep for the backward pass all
+  regenerate from the one matmul."""
+  def loss(w1, w2, w3):
+    h = jnp.sin(x @ w1)
+    p, q = jnp.tanh(h), jnp.cos(h) * 2.0
+    return jnp.sum((jnp.tanh(p @ w2) * jnp.tanh(q @ w3)) ** 2)
+  return jax.grad(loss, argnums=(0, 1, 2))(w1, w2, w3)
+
+
+def _fork_args(b, s, d=16):
+  k = jax.random.split(jax.random.PRNGKey(0), 4)
+  return (jax.random.normal(k[0], (d, d)) / d, jax.random.normal(k[1], (d, 4 * d)) / d,
+          jax.random.normal(k[2], (d, 4 * d)) / d, jax.random.normal(k[3], (b, s, d)))
+
+
+@functools.lru_cache(maxsize=None)
+def _fork_graph():
+  traced = symmem.trace(_fork_step, *_fork_args(2, 8), polymorphic_shapes=(None,) * 3 + ("b, s, _",),
+                        constraints=("s <= 256", "b <= 4"))
+  graph = symmem.shape_graph(traced)
+  return graph, schedule.schedule(graph)
+
+
+def _run_op_by_op(graph, program, order, args, dims):
+  from jax_symmem._src import tracing
+  specialized = tracing.specialize_program(program, graph.constraints.complete(dims))
+  outs, _, _ = executor.run_tracked(specialized, [jnp.asarray(a) for a in args], order)
+  return outs
+
+
+def test_shared_work_is_recomputed_once_and_the_rewrite_equals_jax_jit():
+  graph, sched = _fork_graph()
+  program = graph.traced.program
+  env = graph.constraints.complete(graph.max_dims())
+  chosen = []
+  for r in remat.plan(graph, sched.order).regions:   # the regions that recompute the matmul
+    if any(program.nodes[i].name == "dot_general" and program.nodes[i].inputs[0] in
+           program.inputs for i in r.nodes) and remat.compatible(chosen, r):
+      chosen.append(r)
+  assert len(chosen) >= 2
+  shared = remat.sharing(graph, program, sched.order, chosen)
+  assert shared is not None and all(r.share for r in shared)
+  rewritten, order, blocks = remat.apply_regions(program, sched.order, shared)
+  assert schedule.is_valid_order(rewritten, order)
+  # Every node is recomputed by one block only, and the costs add up to the union's FLOPs.
+  cloned = [i for b in blocks for i in b.cloned]
+  union = {i for r in chosen for i in r.nodes}
+  assert sorted(cloned) == sorted(union)
+  flops_of = lambda nodes: sum(remat.flops(graph, program.nodes[i]).evaluate(env) for i in nodes)
+  assert sum(r.cost.evaluate(env) for r in shared) == flops_of(union) < sum(
+      r.cost.evaluate(env) for r in chosen)
+  args = _fork_args(3, 20)
+  want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
+  for got, w in zip(_run_op_by_op(graph, rewritten, order, args, {"b": 3, "s": 20}), want):
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_rounds_share_where_the_model_says_it_is_no_worse_and_equal_jax_jit():
+  graph, sched = _fork_graph()
+  rounds, _ = remat.plan_rounds(graph, sched.order)
+  tight = graph.max_dims()
+  assert any(r.share for rnd in rounds[1:] for r in rnd.regions)
+  args = _fork_args(3, 20)
+  want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
+  for last, rnd in zip(rounds, rounds[1:]):
+    # The round kept is the lower-peak one of the two rewrites (sharing on a tie).
+    plain = remat.apply_round(last, [dataclasses.replace(r, share=False) for r in rnd.regions])
+    shared = remat.apply_round(last, [dataclasses.replace(r, share=True) for r in rnd.regions])
+    assert rnd.peak_at(tight) == min(plain.peak_at(tight), shared.peak_at(tight))
+    for got, w in zip(_run_op_by_op(rnd.graph, rnd.program, rnd.order, args, {"b": 3, "s": 20}),
+                      want):
+      np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
