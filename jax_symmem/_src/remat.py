@@ -460,16 +460,27 @@ def sharing(graph: ShapeGraph, program: Program, order: Sequence[int],
 
 
 def _shared_or_not(last: Round, chosen, tight: Mapping[str, int]) -> Round:
-  """The next round, its shared work recomputed once where the model says that is no
-  worse: holding a shared copy from the first block that reads it to the last can
-  raise the peak (measured on HF Llama's step), so both rewrites are modeled and the
-  lower peak at the shape of interest is kept (sharing on a tie: fewer FLOPs)."""
+  """The next round, its shared work recomputed once where that lowers the modeled peak
+  at the shape of interest. A shared copy is held from the first block that makes it
+  to the last that reads it; on a tie that memory still changes what later rounds find
+  (measured: sharing on ties raised GPT-2's floor at s=1024 from 551.5 to 574.5 MiB),
+  so the plain rewrite is kept unless sharing is strictly better."""
   plain = apply_round(last, chosen)
   items = sharing(last.graph, last.program, last.order, chosen)
   if items is None:
     return plain
+  # Outside the blocks that would read shared copies, sharing only adds the held
+  # copies: it can lower the peak only where the plain round peaks inside one of them.
+  env = last.graph.constraints.complete(tight)
+  at, _ = memory.peak_step(plain.graph, env, plain.program, plain.order)
+  owned = recomputed_by([r for r in items if isinstance(r, Region)], last.order)
+  readers = {r.value for r, own in zip([r for r in items if isinstance(r, Region)], owned)
+             if len(own) < len(r.nodes)}
+  if not any(plain.order[at] in (b.barrier, *b.clones) for b in plain.blocks
+             if b.region.value in readers):
+    return plain
   shared = apply_round(last, items)
-  return shared if shared.peak_at(tight) <= plain.peak_at(tight) else plain
+  return shared if shared.peak_at(tight) < plain.peak_at(tight) else plain
 
 
 def replay_rounds(graph: ShapeGraph, order: Sequence[int],
