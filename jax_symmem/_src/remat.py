@@ -15,8 +15,8 @@ optimization barrier together with a trigger (a value produced just before the
 use), so XLA cannot hoist the recomputation back next to the original or merge
 the two (with `cse_barrier_expander` disabled, DESIGN.md F1). Regions of one round
 that recompute the same nodes may share them: the block of the earliest consumer
-recomputes them once and later blocks read its copies, where the model says holding
-those copies does not raise the round's peak (`plan_rounds`).
+recomputes them once and later blocks read its copies, where that strictly lowers
+the round's modeled peak (`plan_rounds`).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ class RematPlan:
   counts: DecisionCounts            # how the ranking's comparisons were decided
   # The bound every region meets at the shape of interest: cost <= this x saved bytes
   # (the step's FLOPs per evictable byte there; see `plan`).
-  max_flops_per_byte: fractions.Fraction = fractions.Fraction(0)
+  max_flops_per_byte: fractions.Fraction
 
 
 def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
@@ -166,7 +166,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       return not prefer_recompute or size_at(a) <= limit
     sub = _regeneration(program, producer, v, anchor,
                         lambda i: node_flops(graph, program.nodes[i]),
-                        size_at(v) * step // evictable)   # exact: FLOPs are integers
+                        size_at(v) * step // max(evictable, 1))   # exact: FLOPs are integers
     if sub is None:
       continue
     nodes, anchors = sub
@@ -295,7 +295,7 @@ class Block:
   barrier: int                  # node index of the fence
   clones: tuple[int, ...]       # node indices of the recomputation
   regenerated: int              # the value that replaces `region.value` from the consumer on
-  cloned: tuple[int, ...] = ()  # the region's nodes that `clones` copy, in the same order;
+  cloned: tuple[int, ...]       # the region's nodes that `clones` copy, in the same order;
                                 # the others were recomputed by an earlier block (shared)
 
 
@@ -473,8 +473,8 @@ def _shared_or_not(last: Round, chosen, tight: Mapping[str, int]) -> Round:
   # copies: it can lower the peak only where the plain round peaks inside one of them.
   env = last.graph.constraints.complete(tight)
   at, _ = memory.peak_step(plain.graph, env, plain.program, plain.order)
-  owned = recomputed_by([r for r in items if isinstance(r, Region)], last.order)
-  readers = {r.value for r, own in zip([r for r in items if isinstance(r, Region)], owned)
+  flat = [r for r in items if isinstance(r, Region)]
+  readers = {r.value for r, own in zip(flat, recomputed_by(flat, last.order))
              if len(own) < len(r.nodes)}
   if not any(plain.order[at] in (b.barrier, *b.clones) for b in plain.blocks
              if b.region.value in readers):
