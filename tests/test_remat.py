@@ -1,8 +1,10 @@
 """Rematerialization: regions recompute exactly what they evict, and lower the modeled peak."""
 
+import dataclasses
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -84,3 +86,152 @@ def test_static_anchor_and_analysis_peaks():
     assert a.peak_bytes(**dims) == a.round_peak(0, dims) <= a.baseline_peak_bytes(**dims)
     assert a.static_peak_bytes(**dims) <= a.baseline_peak_bytes(**dims)
     assert a.peak_bytes(**dims) <= 1.01 * a.static_peak_bytes(**dims)
+
+
+# --- the regeneration bound: FLOPs, not a node count ----------------------------------------
+
+W_DIM = 32
+
+
+def _chain_step(n_ops):
+  """A step whose first matmul reads `h`, built from the data by a chain of 2 * n_ops cheap
+  elementwise ops: h is a residual of the backward pass that only the chain regenerates."""
+  def step(w, x):
+    def loss(w):
+      h = x
+      for _ in range(n_ops):
+        h = jnp.sin(h) * 0.9
+      a = jnp.tanh(h @ w)
+      return jnp.sum(jnp.tanh(a @ w) ** 2)
+    return jax.grad(loss)(w)
+  return step
+
+
+def _chain_args(b, s):
+  w = jax.random.normal(jax.random.PRNGKey(0), (W_DIM, W_DIM)) / W_DIM
+  return w, jax.random.normal(jax.random.PRNGKey(1), (b, s, W_DIM))
+
+
+def _chain_plan(n_ops):
+  traced = symmem.trace(_chain_step(n_ops), *_chain_args(2, 8),
+                        polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 256", "b <= 4"))
+  graph = symmem.shape_graph(traced)
+  sched = schedule.schedule(graph)
+  return graph, sched, remat.plan(graph, sched.order)
+
+
+def test_a_long_cheap_chain_is_regenerated_and_the_rewrite_equals_jax_jit():
+  graph, sched, p = _chain_plan(30)
+  # The chain's 60 ops regenerate h: more than the 40-node cap this bound replaced.
+  long = [r for r in p.regions if len(r.nodes) > 40]
+  assert long, [len(r.nodes) for r in p.regions]
+  program, order, _ = remat.apply_regions(graph.traced.program, sched.order, long[:1])
+  assert schedule.is_valid_order(program, order)
+  args = _chain_args(3, 50)
+  from jax_symmem._src import tracing
+  specialized = tracing.specialize_program(program, graph.constraints.complete({"b": 3, "s": 50}))
+  outs, _, _ = executor.run_tracked(specialized, [jnp.asarray(a) for a in args], order)
+  want = jax.jit(_chain_step(30))(*args)
+  np.testing.assert_allclose(outs[0], want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("n_ops", [5, 30, 400])
+def test_every_region_costs_at_most_its_share_of_the_step(n_ops):
+  graph, _, p = _chain_plan(n_ops)
+  env = graph.constraints.complete(graph.max_dims())
+  program = graph.traced.program
+  step = sum(remat.flops(graph, n).evaluate(env) for n in program.nodes)
+  assert 0 < p.max_flops_per_byte <= step   # the step's FLOPs per evictable byte
+  for r in p.regions:
+    # Brute force: the region's cost is the sum of its nodes' FLOPs, and within the bound.
+    cost = sum(remat.flops(graph, program.nodes[i]).evaluate(env) for i in r.nodes)
+    assert cost == r.cost.evaluate(env) <= p.max_flops_per_byte * r.saved.evaluate(env)
+  # h's regeneration (the whole chain: 2 * n_ops FLOPs per element of h, 4 bytes) is in
+  # the plan exactly when that is within the bound (n_ops = 400 is not).
+  h_bytes = 4 * env["b"] * env["s"] * W_DIM
+  chain = 2 * n_ops * env["b"] * env["s"] * W_DIM
+  found = any(len(r.nodes) >= 2 * n_ops for r in p.regions)
+  assert found == (chain <= p.max_flops_per_byte * h_bytes)
+
+
+# --- shared recomputation: work that several evicted values need runs once ------------------
+
+
+def _fork_step(w1, w2, w3, x):
+  """h = sin(x @ w1) feeds two branches; the values they keep for the backward pass all
+  regenerate from the one matmul."""
+  def loss(w1, w2, w3):
+    h = jnp.sin(x @ w1)
+    p, q = jnp.tanh(h), jnp.cos(h) * 2.0
+    return jnp.sum((jnp.tanh(p @ w2) * jnp.tanh(q @ w3)) ** 2)
+  return jax.grad(loss, argnums=(0, 1, 2))(w1, w2, w3)
+
+
+def _fork_args(b, s, d=16):
+  k = jax.random.split(jax.random.PRNGKey(0), 4)
+  return (jax.random.normal(k[0], (d, d)) / d, jax.random.normal(k[1], (d, 4 * d)) / d,
+          jax.random.normal(k[2], (d, 4 * d)) / d, jax.random.normal(k[3], (b, s, d)))
+
+
+@functools.lru_cache(maxsize=None)
+def _fork_graph():
+  traced = symmem.trace(_fork_step, *_fork_args(2, 8), polymorphic_shapes=(None,) * 3 + ("b, s, _",),
+                        constraints=("s <= 256", "b <= 4"))
+  graph = symmem.shape_graph(traced)
+  return graph, schedule.schedule(graph)
+
+
+def _run_op_by_op(graph, program, order, args, dims):
+  from jax_symmem._src import tracing
+  specialized = tracing.specialize_program(program, graph.constraints.complete(dims))
+  outs, _, _ = executor.run_tracked(specialized, [jnp.asarray(a) for a in args], order)
+  return outs
+
+
+def test_shared_work_is_recomputed_once_and_the_rewrite_equals_jax_jit():
+  graph, sched = _fork_graph()
+  program = graph.traced.program
+  env = graph.constraints.complete(graph.max_dims())
+  chosen = []
+  for r in remat.plan(graph, sched.order).regions:   # the regions that recompute the matmul
+    if any(program.nodes[i].name == "dot_general" and program.nodes[i].inputs[0] in
+           program.inputs for i in r.nodes) and remat.compatible(chosen, r):
+      chosen.append(r)
+  assert len(chosen) >= 2
+  shared = remat.sharing(graph, program, sched.order, chosen)
+  assert shared is not None and all(r.share for r in shared)
+  rewritten, order, blocks = remat.apply_regions(program, sched.order, shared)
+  assert schedule.is_valid_order(rewritten, order)
+  # Every node is recomputed by one block only, and the costs add up to the union's FLOPs.
+  cloned = [i for b in blocks for i in b.cloned]
+  union = {i for r in chosen for i in r.nodes}
+  assert sorted(cloned) == sorted(union)
+  flops_of = lambda nodes: sum(remat.flops(graph, program.nodes[i]).evaluate(env) for i in nodes)
+  assert sum(r.cost.evaluate(env) for r in shared) == flops_of(union) < sum(
+      r.cost.evaluate(env) for r in chosen)
+  args = _fork_args(3, 20)
+  want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
+  for got, w in zip(_run_op_by_op(graph, rewritten, order, args, {"b": 3, "s": 20}), want):
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_rounds_share_only_where_that_lowers_the_peak_and_equal_jax_jit():
+  graph, sched = _fork_graph()
+  rounds, _ = remat.plan_rounds(graph, sched.order)
+  tight = graph.max_dims()
+  args = _fork_args(3, 20)
+  want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
+  overlapping = 0
+  for last, rnd in zip(rounds, rounds[1:]):
+    flat = [r for r in rnd.regions if isinstance(r, remat.Region)]
+    overlapping += len({i for r in flat for i in r.nodes}) < sum(len(r.nodes) for r in flat)
+    # Brute force: both rewrites; the round kept shares iff sharing is strictly lower.
+    plain = remat.apply_round(last, [dataclasses.replace(r, share=False) for r in rnd.regions])
+    shared = remat.apply_round(last, [dataclasses.replace(r, share=True) for r in rnd.regions])
+    better = shared.peak_at(tight) < plain.peak_at(tight)
+    assert any(r.share for r in flat) == better
+    assert rnd.peak_at(tight) == min(plain.peak_at(tight), shared.peak_at(tight))
+    for got, w in zip(_run_op_by_op(rnd.graph, rnd.program, rnd.order, args, {"b": 3, "s": 20}),
+                      want):
+      np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+  assert overlapping   # the step's rounds do choose regions that share nodes

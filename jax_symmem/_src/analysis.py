@@ -129,8 +129,9 @@ class Analysis:
       inner = {o for n in (b.barrier,) + b.clones for o in program.nodes[n].outputs}
       return all(members.get(r) is b for o in inner - {b.regenerated}
                  for r in readers.get(o, ()))
-    guarded = {b.clones[-1]: (j, b) for j, b in blocks if self_contained(b)}
-    skip = {n for _, b in guarded.values() for n in (b.barrier,) + b.clones[:-1]}
+    unit = lambda b: (b.barrier,) + b.clones   # no clones: all shared with an earlier block
+    guarded = {unit(b)[-1]: (j, b) for j, b in blocks if self_contained(b)}
+    skip = {n for _, b in guarded.values() for n in unit(b)[:-1]}
 
     argument_bytes = sum(self.graph.bytes(v).evaluate(env) for v in self.traced.program.inputs)
 
@@ -159,7 +160,7 @@ class Analysis:
         j, block = guarded[i]
         def regenerate(_, block=block):
           local = dict(values)
-          run_nodes(local, (block.barrier,) + block.clones)
+          run_nodes(local, unit(block))
           return local[block.regenerated]
         keep = lambda _, block=block: values[block.region.value]
         pred = io_callback(functools.partial(needed, j), jax.ShapeDtypeStruct((), bool))

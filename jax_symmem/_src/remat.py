@@ -6,18 +6,23 @@ regeneration subgraph recomputes it, right before that later use, from anchors:
 values that are live at that point anyway (held arguments, constants, values
 whose own lifetime spans the use and that are never evicted). Evicting it saves
 its bytes across the peak, at the cost of the subgraph's FLOPs; both are exact
-polynomials over the dims. Regions are ranked by FLOPs per byte saved.
+polynomials over the dims. A regeneration may cost at most its share, by bytes, of
+the step's FLOPs (no node count: `plan`). Regions are ranked by FLOPs per byte saved.
 
 `apply_regions` rewrites the program: the evicted value's later uses read a
 recomputed copy, computed by cloned nodes whose anchors first pass through an
 optimization barrier together with a trigger (a value produced just before the
 use), so XLA cannot hoist the recomputation back next to the original or merge
-the two (with `cse_barrier_expander` disabled, DESIGN.md F1).
+the two (with `cse_barrier_expander` disabled, DESIGN.md F1). Regions of one round
+that recompute the same nodes may share them: the block of the earliest consumer
+recomputes them once and later blocks read its copies, where that strictly lowers
+the round's modeled peak (`plan_rounds`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fractions
 import functools
 from typing import Callable, Iterable, Mapping, Sequence
 
@@ -60,8 +65,10 @@ class Region:
   nodes: tuple[int, ...]        # regeneration subgraph, in topological order
   anchors: tuple[int, ...]      # values it reads, live at the consumer anyway
   saved: Poly                   # bytes no longer live across the peak
-  cost: Poly                    # FLOPs of the regeneration
+  cost: Poly                    # FLOPs of the regeneration (what this region recomputes
+                                # itself when it shares: see `share`)
   source: str                   # where the value was produced
+  share: bool = False           # read what an earlier block of its round recomputed
 
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
@@ -79,12 +86,16 @@ class RematPlan:
   order: tuple[int, ...]            # the schedule the plan was made for
   peak_position: int                # the peak step at the shape of interest
   counts: DecisionCounts            # how the ranking's comparisons were decided
+  # The bound every region meets at the shape of interest: cost <= this x saved bytes
+  # (the step's FLOPs per evictable byte there; see `plan`).
+  max_flops_per_byte: fractions.Fraction
 
 
 def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = None,
          shape_of_interest: Mapping[str, int] | None = None,
-         min_fraction: float = 0.002, max_nodes: int = 40, donated: Iterable[int] = (),
-         loops: Mapping[int, "loop_remat.LoopState"] | None = None) -> RematPlan:
+         min_fraction: float = 0.002, donated: Iterable[int] = (),
+         loops: Mapping[int, "loop_remat.LoopState"] | None = None,
+         node_flops: "NodeFlops | None" = None) -> RematPlan:
   """Finds eviction candidates across the peak and their regeneration subgraphs.
 
   Args:
@@ -94,7 +105,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     shape_of_interest: where the peak step is located and DEPENDS rankings are
       resolved (default: the largest allowed dims).
     min_fraction: ignore values smaller than this fraction of the peak there.
-    max_nodes: largest regeneration subgraph.
+    node_flops: a node's FLOPs at the shape of interest, cached across the rounds
+      of one `plan_rounds` (default: a fresh cache).
     loops: scan pairs (`loop_remat.scan_pairs`) whose stacked residuals are also
       candidates (`loop_remat.LoopEviction`), ranked with the regions.
   """
@@ -131,6 +143,17 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       return v in program.inputs
     return pos[producer[v]] < u and max(uses.get(v, [-1])) >= u
 
+  # The bound on a regeneration's cost, in place of a node count: its share, by bytes
+  # saved, of the whole step's FLOPs among the values evictable here. Evicting every
+  # candidate at its bound would recompute at most one step (the FLOPs at most double;
+  # per-layer checkpointing recomputes one forward, about a third: F14). It scales with
+  # the step, not with how many ops a model writes: a long chain of cheap ops passes
+  # (HF Llama's attention probabilities, 73 ops with the rotary gathers and the mask),
+  # a layer's input regenerated through the layers before it soon costs more.
+  if node_flops is None or node_flops.env != env:
+    node_flops = NodeFlops(env)
+  step = node_flops.total(graph, program)
+  evictable = sum(size_at(v) for v in candidates)
   regions = []
   for v, u in candidates.items():
     limit = size_at(v) // 2
@@ -141,17 +164,54 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       if not live_at(a, u):
         return False
       return not prefer_recompute or size_at(a) <= limit
-    sub = _regeneration(program, producer, v, anchor, max_nodes)
+    sub = _regeneration(program, producer, v, anchor,
+                        lambda i: node_flops(graph, program.nodes[i]),
+                        size_at(v) * step // max(evictable, 1))   # exact: FLOPs are integers
     if sub is None:
       continue
     nodes, anchors = sub
-    cost = sum((flops(graph, program.nodes[i]) for i in nodes), ZERO)
+    cost = sum((node_flops.poly(graph, program.nodes[i]) for i in nodes), ZERO)
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.get)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
                               min_fraction * peak)
   decider = Decider(graph.constraints, env)
-  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts)
+  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts,
+                   fractions.Fraction(step, max(evictable, 1)))
+
+
+class NodeFlops:
+  """A node's FLOPs, as a polynomial and at one shape, cached by node identity: the
+  rounds of a plan share most nodes (a rewrite replaces only the nodes it renames)."""
+
+  def __init__(self, env: Mapping[str, int]):
+    self.env, self._cache = dict(env), {}
+    self._last: tuple[tuple[Node, ...], int] = ((), 0)   # a program's nodes, their total
+
+  def _get(self, graph: ShapeGraph, node: Node) -> tuple[Node, Poly, int]:
+    hit = self._cache.get(id(node))
+    if hit is None or hit[0] is not node:   # the node is kept: its id is never reused
+      f = flops(graph, node)
+      hit = self._cache[id(node)] = (node, f, f.evaluate(self.env))
+    return hit
+
+  def __call__(self, graph: ShapeGraph, node: Node) -> int:
+    return self._get(graph, node)[2]
+
+  def poly(self, graph: ShapeGraph, node: Node) -> Poly:
+    return self._get(graph, node)[1]
+
+  def total(self, graph: ShapeGraph, program: Program) -> int:
+    """The FLOPs of all of `program`'s nodes: the last program's total, corrected where
+    the nodes differ (a round differs from the one before in a few nodes)."""
+    before, total = self._last
+    for a, b in zip(before, program.nodes):
+      if a is not b:
+        total += self(graph, b) - self(graph, a)
+    total += sum(self(graph, n) for n in program.nodes[len(before):])
+    total -= sum(self(graph, n) for n in before[len(program.nodes):])
+    self._last = (program.nodes, total)
+    return total
 
 
 def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes):
@@ -168,14 +228,16 @@ def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes)
   return out
 
 
-def _regeneration(program: Program, producer, value, anchor, max_nodes):
+def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
   """(nodes, anchors) recomputing `value`, or None.
 
   Walks back from `value`: a small value that is live at the use (or an
-  argument) becomes an anchor; a large one is recomputed while the subgraph has
-  room and its producer may be recomputed, and read as an anchor otherwise.
+  argument) becomes an anchor; a large one is recomputed while the subgraph
+  costs at most `max_cost` FLOPs and its producer may be recomputed, and read
+  as an anchor otherwise.
   """
   nodes: list[int] = []
+  cost, taken = 0, set()
   anchors: set[int] = set()
   stack, seen = [value], set()
   while stack:
@@ -187,9 +249,12 @@ def _regeneration(program: Program, producer, value, anchor, max_nodes):
       anchors.add(v)
       continue
     node = program.nodes[producer[v]] if v in producer else None
-    if node is not None and recomputable(node) and (node.index in nodes or len(nodes) < max_nodes):
-      if node.index not in nodes:
+    if node is not None and recomputable(node) and (
+        node.index in taken or cost + cost_of(node.index) <= max_cost):
+      if node.index not in taken:
+        taken.add(node.index)
         nodes.append(node.index)
+        cost += cost_of(node.index)
       stack.extend(x for x in node.inputs if not isinstance(x, Const))
     elif v != value and anchor(v, prefer_recompute=False):
       anchors.add(v)
@@ -230,32 +295,59 @@ class Block:
   barrier: int                  # node index of the fence
   clones: tuple[int, ...]       # node indices of the recomputation
   regenerated: int              # the value that replaces `region.value` from the consumer on
+  cloned: tuple[int, ...]       # the region's nodes that `clones` copy, in the same order;
+                                # the others were recomputed by an earlier block (shared)
+
+
+def recomputed_by(regions: Sequence[Region], order: Sequence[int]) -> list[tuple[int, ...]]:
+  """The nodes each region's block recomputes itself (`apply_regions`), in `regions`'
+  order: all its nodes, less those a block of an earlier consumer recomputes where it
+  shares."""
+  position = {i: k for k, i in enumerate(order)}
+  done: set[int] = set()
+  own = {}
+  for k in sorted(range(len(regions)), key=lambda k: position[regions[k].consumer]):
+    r = regions[k]
+    own[k] = tuple(i for i in r.nodes if not (r.share and i in done))
+    done.update(own[k])
+  return [own[k] for k in range(len(regions))]
 
 
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
                   ) -> tuple[Program, tuple[int, ...], tuple[Block, ...]]:
   """The program with `regions` applied, its order (recomputation right before each
-  consumer), and where each region landed."""
+  consumer), and where each region landed.
+
+  Regions are applied in the order of their consumers. A node that several regions
+  recompute is recomputed once, by the block of the earliest consumer, where the later
+  region has `share` set: its block reads that copy through its fence, as it reads its
+  anchors (a layer's shared work, e.g. a projection two evicted activations both need,
+  runs once; the copy is held from the first block to the last that reads it).
+  """
   nodes = list(program.nodes)
   avals = dict(program.avals)
   next_id = program.max_id() + 1
-  # Insertions never reorder the program's own nodes: their input positions decide
-  # which readers of an evicted value come from its consumer on.
-  pos = {i: k for k, i in enumerate(order)}
-  evicted = {r.value for r in regions}
-  readers: dict[int, list[int]] = {}
-  for n in program.nodes:
-    for x in n.inputs:
-      if not isinstance(x, Const) and x in evicted:
-        readers.setdefault(x, []).append(n.index)
-  order = list(order)
-  rename: dict[int, dict[int, int]] = {}   # consumer node -> {evicted value: regenerated value}
+  position = {i: k for k, i in enumerate(order)}
+  owned = recomputed_by(regions, order)
+  before: dict[int, list[int]] = {}        # consumer -> the blocks' nodes placed before it
+  recomputed: dict[int, int] = {}          # outputs an earlier block recomputed -> the copies
+  regenerated: dict[int, tuple[int, int]] = {}   # evicted value -> (its consumer's position, copy)
   blocks = []
-  for r in regions:
-    k = order.index(r.consumer)
-    trigger = next((o for o in nodes[order[k - 1]].outputs), None) if k > 0 else None
-    fenced_in = list(r.anchors) + ([trigger] if trigger is not None else [])
-    # 1. The barrier: anchors (and the trigger) pass through together.
+  for j in sorted(range(len(regions)), key=lambda j: position[regions[j].consumer]):
+    r, own = regions[j], owned[j]
+    placed = before.setdefault(r.consumer, [])
+    k = position[r.consumer]
+    last = placed[-1] if placed else (order[k - 1] if k > 0 else None)
+    trigger = next((o for o in nodes[last].outputs), None) if last is not None else None
+    made = {o for i in own for o in program.nodes[i].outputs}
+    reads = {x for i in own for x in program.nodes[i].inputs if not isinstance(x, Const)}
+    if r.value not in made:
+      reads.add(r.value)
+    shared = sorted(x for x in reads - made - set(r.anchors) if x in recomputed) \
+        if r.share else []
+    fenced_in = list(r.anchors) + [recomputed[x] for x in shared] + (
+        [trigger] if trigger is not None else [])
+    # 1. The barrier: anchors, shared copies (and the trigger) pass through together.
     fenced_out = []
     for a in fenced_in:
       avals[next_id] = avals[a]
@@ -266,14 +358,14 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
                    source=f"jax_symmem remat fence for value {r.value}")
     nodes.append(barrier)
     new_order = [barrier.index]
-    mapping = dict(zip(r.anchors, fenced_out))
-    # 2. Clones of the regeneration subgraph read the fenced anchors.
-    for i in r.nodes:
+    mapping = dict(zip(list(r.anchors) + shared, fenced_out))
+    # 2. Clones of the nodes no earlier block recomputed read the fenced values.
+    for i in own:
       old = program.nodes[i]
       outs = []
       for o in old.outputs:
         avals[next_id] = avals[o]
-        mapping[o] = next_id
+        mapping[o] = recomputed[o] = next_id
         outs.append(next_id)
         next_id += 1
       clone = dataclasses.replace(
@@ -282,17 +374,20 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
           source=old.source + " [recomputed]")
       nodes.append(clone)
       new_order.append(clone.index)
-    order[k:k] = new_order
-    blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value]))
-    # 3. Every use of the value from the consumer on reads the regenerated copy.
-    for later in readers.get(r.value, ()):
-      if pos[later] >= pos[r.consumer]:
-        rename.setdefault(later, {})[r.value] = mapping[r.value]
-  for i, ren in rename.items():
+    placed += new_order
+    blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value], tuple(own)))
+    regenerated[r.value] = (k, mapping[r.value])
+  # 3. Every use of an evicted value from its consumer on reads the regenerated copy.
+  for i in order:
     n = nodes[i]
-    nodes[i] = dataclasses.replace(n, inputs=tuple(
-        x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
-  return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
+    if any(not isinstance(x, Const) and x in regenerated for x in n.inputs):
+      ren = lambda x: regenerated[x][1] if (
+          not isinstance(x, Const) and x in regenerated
+          and position[i] >= regenerated[x][0]) else x
+      nodes[i] = dataclasses.replace(n, inputs=tuple(ren(x) for x in n.inputs))
+  new_order = [m for i in order for m in (*before.get(i, ()), i)]
+  return (Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(new_order),
+          tuple(blocks))
 
 
 # --- rounds: evict at the peak, re-plan at the new peak -----------------------------------
@@ -320,9 +415,10 @@ def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
   for b in blocks:
     fence = program.nodes[b.barrier]
     copies.update(zip(fence.outputs, fence.inputs))
-    for i, j in zip(b.clones, b.region.nodes):   # clones in the region's node order
+    for i, j in zip(b.clones, b.cloned):
       copies.update(zip(program.nodes[i].outputs, program.nodes[j].outputs))
-  return copies
+  resolve = lambda v: resolve(copies[v]) if v in copies else v   # a fenced shared copy
+  return {v: resolve(c) for v, c in copies.items()}
 
 
 def first_round(graph: ShapeGraph, order: Sequence[int]) -> Round:
@@ -345,6 +441,46 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction])
   loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
   return Round(tuple(chosen), blocks, rewritten, new_order,
                last.graph.extended(rewritten, _copies(rewritten, blocks)), loops)
+
+
+def sharing(graph: ShapeGraph, program: Program, order: Sequence[int],
+            chosen: Sequence[Region | loop_remat.LoopEviction]
+            ) -> list[Region | loop_remat.LoopEviction] | None:
+  """`chosen` with every flat region sharing the work an earlier block of the round
+  recomputes, each costing only what its own block recomputes; None if no two share
+  anything."""
+  flat = [dataclasses.replace(r, share=True) for r in chosen if isinstance(r, Region)]
+  owned = recomputed_by(flat, order)
+  if all(len(own) == len(r.nodes) for r, own in zip(flat, owned)):
+    return None
+  cost = {r.value: sum((flops(graph, program.nodes[i]) for i in own), ZERO)
+          for r, own in zip(flat, owned)}
+  return [dataclasses.replace(r, share=True, cost=cost[r.value]) if isinstance(r, Region)
+          else r for r in chosen]
+
+
+def _shared_or_not(last: Round, chosen, tight: Mapping[str, int]) -> Round:
+  """The next round, its shared work recomputed once where that lowers the modeled peak
+  at the shape of interest. A shared copy is held from the first block that makes it
+  to the last that reads it; on a tie that memory still changes what later rounds find
+  (measured: sharing on ties raised GPT-2's floor at s=1024 from 551.5 to 574.5 MiB),
+  so the plain rewrite is kept unless sharing is strictly better."""
+  plain = apply_round(last, chosen)
+  items = sharing(last.graph, last.program, last.order, chosen)
+  if items is None:
+    return plain
+  # Outside the blocks that would read shared copies, sharing only adds the held
+  # copies: it can lower the peak only where the plain round peaks inside one of them.
+  env = last.graph.constraints.complete(tight)
+  at, _ = memory.peak_step(plain.graph, env, plain.program, plain.order)
+  flat = [r for r in items if isinstance(r, Region)]
+  readers = {r.value for r, own in zip(flat, recomputed_by(flat, last.order))
+             if len(own) < len(r.nodes)}
+  if not any(plain.order[at] in (b.barrier, *b.clones) for b in plain.blocks
+             if b.region.value in readers):
+    return plain
+  shared = apply_round(last, items)
+  return shared if shared.peak_at(tight) < plain.peak_at(tight) else plain
 
 
 def replay_rounds(graph: ShapeGraph, order: Sequence[int],
@@ -370,13 +506,14 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   """
   tight = dict(shape_of_interest or graph.max_dims())
   rounds = [first_round(graph, order)]
+  node_flops = NodeFlops(graph.constraints.complete(tight))
   counts = DecisionCounts()
   best, stale = rounds[0].peak_at(tight), 0
   for k in range(max_rounds):
     progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
     last = rounds[-1]
     p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
-             loops=last.loops)
+             loops=last.loops, node_flops=node_flops)
     counts += p.counts
     chosen: list[Region] = []
     for r in p.regions:
@@ -386,7 +523,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
         break
     if not chosen:
       break
-    rounds.append(apply_round(last, chosen))
+    rounds.append(_shared_or_not(last, chosen, tight))
     peak = rounds[-1].peak_at(tight)
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:
