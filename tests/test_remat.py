@@ -84,3 +84,29 @@ def test_static_anchor_and_analysis_peaks():
     assert a.peak_bytes(**dims) == a.round_peak(0, dims) <= a.baseline_peak_bytes(**dims)
     assert a.static_peak_bytes(**dims) <= a.baseline_peak_bytes(**dims)
     assert a.peak_bytes(**dims) <= 1.01 * a.static_peak_bytes(**dims)
+
+
+def test_each_fence_waits_for_a_late_value_that_later_nodes_read():
+  # XLA's simplifier drops a barrier operand nobody reads, and a recomputation fenced
+  # only by its anchors runs as soon as they exist: each fence passes a trigger (the
+  # deepest value still read from the consumer on) whose fenced copy later nodes read.
+  a = _analysis()
+  checked = 0
+  for r in a.rounds[1:]:
+    program, pos = r.program, {i: k for k, i in enumerate(r.order)}
+    producer = {o: n for n in program.nodes for o in n.outputs}
+    anchors: dict[int, set] = {}   # a consumer's regions share one fence
+    for b in r.blocks:
+      anchors.setdefault(b.barrier, set()).update(b.region.anchors)
+    for barrier, group_anchors in anchors.items():
+      fence = program.nodes[barrier]
+      extra = [(x, o) for x, o in zip(fence.inputs, fence.outputs) if x not in group_anchors]
+      if not extra:
+        continue
+      (trigger, copy), = extra
+      assert producer[trigger].name not in remat.NOT_A_TRIGGER
+      readers = [pos[n.index] for n in program.nodes if copy in n.inputs]
+      assert readers and min(readers) > pos[barrier]
+      checked += 1
+  assert checked
+

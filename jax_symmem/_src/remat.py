@@ -10,9 +10,13 @@ polynomials over the dims. Regions are ranked by FLOPs per byte saved.
 
 `apply_regions` rewrites the program: the evicted value's later uses read a
 recomputed copy, computed by cloned nodes whose anchors first pass through an
-optimization barrier together with a trigger (a value produced just before the
-use), so XLA cannot hoist the recomputation back next to the original or merge
-the two (with `cse_barrier_expander` disabled, DESIGN.md F1).
+optimization barrier together with a trigger, so XLA cannot hoist the
+recomputation back next to the original or merge the two (with
+`cse_barrier_expander` disabled, DESIGN.md F1). As JAX's own remat fences a
+layer's recomputation with the cotangent flowing into it, the trigger is a value
+the backward computes late (the deepest one still read from the consumer on), and
+those later reads take its fenced copy, so XLA's simplifier cannot drop it.
+Regions with the same consumer share one barrier and one recomputation.
 """
 
 from __future__ import annotations
@@ -223,30 +227,84 @@ def _rank(regions: list[Region], decider: Decider) -> list[Region]:
 # --- rewrite ----------------------------------------------------------------------------
 
 
+# Never a trigger: XLA duplicates these into each consumer instead of materializing
+# them, so fencing one would force a buffer XLA never needs.
+NOT_A_TRIGGER = frozenset({
+    "broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "convert_element_type",
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
   """Where a region landed in a rewritten program."""
   region: Region
-  barrier: int                  # node index of the fence
-  clones: tuple[int, ...]       # node indices of the recomputation
+  barrier: int                  # node index of the fence (shared by a consumer's regions)
+  clones: tuple[int, ...]       # node indices of the recomputation, one per region node
   regenerated: int              # the value that replaces `region.value` from the consumer on
+
+
+def _depths(program: Program, order: Sequence[int]) -> dict[int, int]:
+  """Each value's longest chain of nodes back to the program's inputs."""
+  depth = dict.fromkeys(program.inputs, 0)
+  for i in order:
+    node = program.nodes[i]
+    d = 1 + max((depth[x] for x in node.inputs if not isinstance(x, Const)), default=0)
+    depth.update(dict.fromkeys(node.outputs, d))
+  return depth
+
+
+def _trigger(program: Program, order: Sequence[int], k: int, depth: Mapping[int, int],
+             skip: set[int]) -> int | None:
+  """The value the fence before position k waits for: among values made before k
+  and read at k or later, the one with the longest chain back to the inputs (late in
+  the backward pass: XLA cannot compute it early, as JAX's remat waits for the
+  cotangent). None if there is none."""
+  n = len(program.nodes)
+  read_later = {x for i in order[k:] if i < n
+                for x in program.nodes[i].inputs if not isinstance(x, Const)}
+  best = None
+  for i in order[:k]:
+    node = program.nodes[i] if i < n else None
+    if node is None or node.name in NOT_A_TRIGGER:
+      continue
+    for o in node.outputs:
+      if o in read_later and o not in skip and (best is None or depth[o] > depth[best]):
+        best = o
+  return best
 
 
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
                   ) -> tuple[Program, tuple[int, ...], tuple[Block, ...]]:
   """The program with `regions` applied, its order (recomputation right before each
-  consumer), and where each region landed."""
+  consumer), and where each region landed.
+
+  Regions with the same consumer share one fence and one recomputation. The fence
+  passes their anchors and a trigger (`_trigger`) through one optimization
+  barrier; every read of the trigger from the consumer on takes its fenced copy,
+  so XLA keeps the barrier whole and cannot start the recomputation before the
+  trigger exists (experiments/flat_reach.py measures what XLA makes of it).
+  """
   nodes = list(program.nodes)
   avals = dict(program.avals)
   next_id = program.max_id() + 1
+  position = {i: k for k, i in enumerate(order)}
+  depth = _depths(program, order)
   order = list(order)
-  rename: dict[int, dict[int, int]] = {}   # consumer node -> {evicted value: regenerated value}
-  blocks = []
+  rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
+  fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
+  groups: dict[int, list[Region]] = {}
   for r in regions:
-    k = order.index(r.consumer)
-    trigger = next((o for o in nodes[order[k - 1]].outputs), None) if k > 0 else None
-    fenced_in = list(r.anchors) + ([trigger] if trigger is not None else [])
-    # 1. The barrier: anchors (and the trigger) pass through together.
+    groups.setdefault(r.consumer, []).append(r)
+  blocks = []
+  for consumer in sorted(groups, key=position.__getitem__):
+    group = groups[consumer]
+    k = order.index(consumer)
+    evicted = {r.value for r in group}
+    anchors = sorted({a for r in group for a in r.anchors})
+    trigger = _trigger(program, order, k, depth, set(anchors) | evicted)
+    triggers = [] if trigger is None else [trigger]
+    # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
+    fenced_in = anchors + [fenced.get(t, t) for t in triggers]
     fenced_out = []
     for a in fenced_in:
       avals[next_id] = avals[a]
@@ -254,35 +312,49 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
       next_id += 1
     barrier = Node(index=len(nodes), primitive=lax.optimization_barrier_p, params={},
                    inputs=tuple(fenced_in), outputs=tuple(fenced_out),
-                   source=f"jax_symmem remat fence for value {r.value}")
+                   source=f"jax_symmem remat fence for values {sorted(evicted)}")
     nodes.append(barrier)
     new_order = [barrier.index]
-    mapping = dict(zip(r.anchors, fenced_out))
-    # 2. Clones of the regeneration subgraph read the fenced anchors.
-    for i in r.nodes:
-      old = program.nodes[i]
-      outs = []
-      for o in old.outputs:
-        avals[next_id] = avals[o]
-        mapping[o] = next_id
-        outs.append(next_id)
-        next_id += 1
-      clone = dataclasses.replace(
-          old, index=len(nodes), outputs=tuple(outs),
-          inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
-          source=old.source + " [recomputed]")
-      nodes.append(clone)
-      new_order.append(clone.index)
+    mapping = dict(zip(anchors, fenced_out))
+    # 2. Clones of the regeneration subgraphs read the fenced anchors; a node two
+    # regions of the group recompute is cloned once.
+    clone_of: dict[int, int] = {}
+    for r in group:
+      for i in r.nodes:
+        if i in clone_of:
+          continue
+        old = program.nodes[i]
+        outs = []
+        for o in old.outputs:
+          avals[next_id] = avals[o]
+          mapping[o] = next_id
+          outs.append(next_id)
+          next_id += 1
+        clone = dataclasses.replace(
+            old, index=len(nodes), outputs=tuple(outs),
+            inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
+            source=old.source + " [recomputed]")
+        nodes.append(clone)
+        new_order.append(clone.index)
+        clone_of[i] = clone.index
     order[k:k] = new_order
-    blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value]))
-    # 3. Every use of the value from the consumer on reads the regenerated copy.
-    for later in order[order.index(r.consumer):]:
-      if later < len(program.nodes):
-        rename.setdefault(later, {})[r.value] = mapping[r.value]
+    later = [i for i in order[k + len(new_order):] if i < len(program.nodes)]
+    # 3. From the consumer on, every read of an evicted value takes the regenerated
+    # copy and every read of the trigger its fenced copy.
+    for r in group:
+      blocks.append(Block(r, barrier.index, tuple(clone_of[i] for i in r.nodes),
+                          mapping[r.value]))
+      for i in later:
+        rename.setdefault(i, {})[r.value] = mapping[r.value]
+    for t, copy in zip(triggers, fenced_out[len(anchors):]):
+      fenced[t] = copy
+      for i in later:
+        if any(not isinstance(x, Const) and x == t for x in program.nodes[i].inputs):
+          rename.setdefault(i, {})[t] = copy
   for i, ren in rename.items():
     n = nodes[i]
     if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
-      continue   # reads none of the evicted values: keep the node as it is
+      continue   # reads none of the renamed values: keep the node as it is
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
   return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
@@ -315,6 +387,9 @@ def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
     copies.update(zip(fence.outputs, fence.inputs))
     for i, j in zip(b.clones, b.region.nodes):   # clones in the region's node order
       copies.update(zip(program.nodes[i].outputs, program.nodes[j].outputs))
+  for v in copies:   # a trigger fenced twice in one round: a copy of the original
+    while copies[v] in copies:
+      copies[v] = copies[copies[v]]
   return copies
 
 
