@@ -3,6 +3,7 @@
 import functools
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -110,3 +111,21 @@ def test_each_fence_waits_for_a_late_value_that_later_nodes_read():
       checked += 1
   assert checked
 
+
+def test_a_residual_out_of_reach_of_recomputation_is_read_from_live_values():
+  # c = cos(2x) is neither live at the use nor recomputable within one node, so the
+  # walk that recomputes large inputs fails; the second reads the live a = sin(c).
+  def f(x):
+    c = jnp.cos(2 * x)
+    a = jnp.sin(c)
+    return jnp.exp(a), a
+  traced = symmem.trace(f, jnp.ones(8), polymorphic_shapes=("n",))
+  program = traced.program
+  producer = {o: n.index for n in program.nodes for o in n.outputs}
+  (v, a_value) = program.outputs
+  live = {a_value}
+  def anchor(x, prefer_recompute):
+    return x in program.inputs or (x in live and not prefer_recompute)
+  nodes, anchors = remat._regeneration(program, producer, v, anchor, max_nodes=2)
+  assert anchors == (a_value,) and [program.nodes[i].name for i in nodes] == ["exp"]
+  assert remat._walk_back(program, producer, v, anchor, max_nodes=2) is None

@@ -178,7 +178,21 @@ def _regeneration(program: Program, producer, value, anchor, max_nodes):
   Walks back from `value`: a small value that is live at the use (or an
   argument) becomes an anchor; a large one is recomputed while the subgraph has
   room and its producer may be recomputed, and read as an anchor otherwise.
+  Where that finds no way back within `max_nodes` (a value neither live nor
+  recomputable within the room left), it walks again reading every value that is
+  live at the use: a layer's residuals then regenerate from the residuals that
+  stay, as with per-layer checkpointing, instead of not at all.
   """
+  found = _walk_back(program, producer, value, anchor, max_nodes)
+  if found is None:
+    def live(a, prefer_recompute):
+      del prefer_recompute   # any live value will do
+      return anchor(a, prefer_recompute=False)
+    found = _walk_back(program, producer, value, live, max_nodes)
+  return found
+
+
+def _walk_back(program: Program, producer, value, anchor, max_nodes):
   nodes: list[int] = []
   anchors: set[int] = set()
   stack, seen = [value], set()
