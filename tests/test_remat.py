@@ -112,6 +112,24 @@ def test_each_fence_waits_for_a_late_value_that_later_nodes_read():
   assert checked
 
 
+def test_xla_keeps_every_fence_operand():
+  # With cse_barrier_expander disabled (DESIGN.md F1), nothing of a fence is simplified
+  # away: the optimized module passes as many operands through barriers as the round.
+  from jax_symmem._src import tracing
+  from jax_symmem._src import variants
+  a = _analysis()
+  dims = {"b": 2, "s": 16}
+  k = len(a.rounds) - 1
+  program = tracing.specialize_program(a.rounds[k].program, a.graph.constraints.complete(dims))
+  want = sum(len(n.inputs) for n in program.nodes if n.name == "optimization_barrier")
+  flat = jax.tree_util.tree_leaves(transformer.example_args(CFG, 2, 16))
+  hlo = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(
+      compiler_options=variants.round_options(a, k)).as_text()
+  kept = sum(line.split("opt-barrier(")[0].count("[") for line in hlo.splitlines()
+             if " opt-barrier(" in line)
+  assert kept >= want > 0
+
+
 def test_a_residual_out_of_reach_of_recomputation_is_read_from_live_values():
   # c = cos(2x) is neither live at the use nor recomputable within one node, so the
   # walk that recomputes large inputs fails; the second reads the live a = sin(c).
