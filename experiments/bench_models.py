@@ -151,7 +151,7 @@ def _analysis(w: Workload):
 
 def _compile_round(analysis, k, dims, args):
   exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
-      *jax.tree_util.tree_leaves(args)).compile(compiler_options=jit_lib.CPU_COMPILER_OPTIONS)
+      *jax.tree_util.tree_leaves(args)).compile(compiler_options=variants.round_options(analysis, k))
   return exe, k
 
 

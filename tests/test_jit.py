@@ -235,3 +235,15 @@ def test_step_does_not_keep_its_first_arguments_alive():
   del x
   gc.collect()
   assert ref() is None
+
+
+def test_fenced_rounds_compile_with_xla_default_scheduler():
+  # The memory-optimized scheduler moves fenced recomputation back up (variants.py).
+  from jax_symmem._src import variants
+  a = _budgeted_step(None).analyze(*transformer.example_args(CFG, 2, 8))
+  assert variants.round_options(a, 0) == variants.CPU_COMPILER_OPTIONS
+  k = next(k for k, r in enumerate(a.rounds) if r.blocks)
+  options = variants.round_options(a, k)
+  assert variants.SCHEDULER_OPTION not in options
+  assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
+  assert variants.round_options(a, k, platform="gpu") == variants.GPU_COMPILER_OPTIONS

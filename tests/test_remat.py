@@ -188,50 +188,94 @@ def _run_op_by_op(graph, program, order, args, dims):
   return outs
 
 
-def test_shared_work_is_recomputed_once_and_the_rewrite_equals_jax_jit():
+def test_regions_of_one_consumer_recompute_shared_work_once_and_equal_jax_jit():
   graph, sched = _fork_graph()
   program = graph.traced.program
-  env = graph.constraints.complete(graph.max_dims())
   chosen = []
   for r in remat.plan(graph, sched.order).regions:   # the regions that recompute the matmul
     if any(program.nodes[i].name == "dot_general" and program.nodes[i].inputs[0] in
            program.inputs for i in r.nodes) and remat.compatible(chosen, r):
       chosen.append(r)
-  assert len(chosen) >= 2
-  shared = remat.sharing(graph, program, sched.order, chosen)
-  assert shared is not None and all(r.share for r in shared)
-  rewritten, order, blocks = remat.apply_regions(program, sched.order, shared)
+  assert len(chosen) >= 2 and len({i for r in chosen for i in r.nodes}) < sum(
+      len(r.nodes) for r in chosen)
+  # Regenerated before the same (the latest) consumer, they share one fence and every node
+  # any of them needs is cloned once.
+  position = {i: k for k, i in enumerate(sched.order)}
+  last = max((r.consumer for r in chosen), key=position.__getitem__)
+  group = [dataclasses.replace(r, consumer=last) for r in chosen]
+  rewritten, order, blocks = remat.apply_regions(program, sched.order, group)
   assert schedule.is_valid_order(rewritten, order)
-  # Every node is recomputed by one block only, and the costs add up to the union's FLOPs.
-  cloned = [i for b in blocks for i in b.cloned]
-  union = {i for r in chosen for i in r.nodes}
-  assert sorted(cloned) == sorted(union)
-  flops_of = lambda nodes: sum(remat.flops(graph, program.nodes[i]).evaluate(env) for i in nodes)
-  assert sum(r.cost.evaluate(env) for r in shared) == flops_of(union) < sum(
-      r.cost.evaluate(env) for r in chosen)
+  assert len({b.barrier for b in blocks}) == 1
+  union = {i for r in group for i in r.nodes}
+  assert len({i for b in blocks for i in b.clones}) == len(union)
   args = _fork_args(3, 20)
   want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
   for got, w in zip(_run_op_by_op(graph, rewritten, order, args, {"b": 3, "s": 20}), want):
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
 
 
-def test_rounds_share_only_where_that_lowers_the_peak_and_equal_jax_jit():
-  graph, sched = _fork_graph()
-  rounds, _ = remat.plan_rounds(graph, sched.order)
-  tight = graph.max_dims()
-  args = _fork_args(3, 20)
-  want = jax.tree_util.tree_leaves(jax.jit(_fork_step)(*args))
-  overlapping = 0
-  for last, rnd in zip(rounds, rounds[1:]):
-    flat = [r for r in rnd.regions if isinstance(r, remat.Region)]
-    overlapping += len({i for r in flat for i in r.nodes}) < sum(len(r.nodes) for r in flat)
-    # Brute force: both rewrites; the round kept shares iff sharing is strictly lower.
-    plain = remat.apply_round(last, [dataclasses.replace(r, share=False) for r in rnd.regions])
-    shared = remat.apply_round(last, [dataclasses.replace(r, share=True) for r in rnd.regions])
-    better = shared.peak_at(tight) < plain.peak_at(tight)
-    assert any(r.share for r in flat) == better
-    assert rnd.peak_at(tight) == min(plain.peak_at(tight), shared.peak_at(tight))
-    for got, w in zip(_run_op_by_op(rnd.graph, rnd.program, rnd.order, args, {"b": 3, "s": 20}),
-                      want):
-      np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
-  assert overlapping   # the step's rounds do choose regions that share nodes
+# --- fences XLA keeps ------------------------------------------------------------------------
+
+
+def test_each_fence_waits_for_a_late_value_that_later_nodes_read():
+  # XLA's simplifier drops a barrier operand nobody reads, and a recomputation fenced
+  # only by its anchors runs as soon as they exist: each fence passes a trigger (the
+  # deepest value still read from the consumer on) whose fenced copy later nodes read.
+  a = _analysis()
+  checked = 0
+  for r in a.rounds[1:]:
+    program, pos = r.program, {i: k for k, i in enumerate(r.order)}
+    producer = {o: n for n in program.nodes for o in n.outputs}
+    anchors: dict[int, set] = {}   # a consumer's regions share one fence
+    for b in r.blocks:
+      anchors.setdefault(b.barrier, set()).update(b.region.anchors)
+    for barrier, group_anchors in anchors.items():
+      fence = program.nodes[barrier]
+      extra = [(x, o) for x, o in zip(fence.inputs, fence.outputs) if x not in group_anchors]
+      if not extra:
+        continue
+      (trigger, copy), = extra
+      assert producer[trigger].name not in remat.NOT_A_TRIGGER
+      readers = [pos[n.index] for n in program.nodes if copy in n.inputs]
+      assert readers and min(readers) > pos[barrier]
+      checked += 1
+  assert checked
+
+
+def test_xla_keeps_every_fence_operand():
+  # With cse_barrier_expander disabled (DESIGN.md F1), nothing of a fence is simplified
+  # away: the optimized module passes as many operands through barriers as the round.
+  from jax_symmem._src import tracing
+  from jax_symmem._src import variants
+  a = _analysis()
+  dims = {"b": 2, "s": 16}
+  k = len(a.rounds) - 1
+  program = tracing.specialize_program(a.rounds[k].program, a.graph.constraints.complete(dims))
+  want = sum(len(n.inputs) for n in program.nodes if n.name == "optimization_barrier")
+  flat = jax.tree_util.tree_leaves(transformer.example_args(CFG, 2, 16))
+  hlo = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(
+      compiler_options=variants.round_options(a, k)).as_text()
+  kept = sum(line.split("opt-barrier(")[0].count("[") for line in hlo.splitlines()
+             if " opt-barrier(" in line)
+  assert kept >= want > 0
+
+
+def test_a_residual_out_of_reach_of_recomputation_is_read_from_live_values():
+  # c = cos(2x) is neither live at the use nor recomputable within the cost (a FLOP
+  # per node, two at most), so the walk that recomputes large inputs fails; the
+  # second reads the live a = sin(c).
+  def f(x):
+    c = jnp.cos(2 * x)
+    a = jnp.sin(c)
+    return jnp.exp(a), a
+  traced = symmem.trace(f, jnp.ones(8), polymorphic_shapes=("n",))
+  program = traced.program
+  producer = {o: n.index for n in program.nodes for o in n.outputs}
+  (v, a_value) = program.outputs
+  live = {a_value}
+  def anchor(x, prefer_recompute):
+    return x in program.inputs or (x in live and not prefer_recompute)
+  one_each = lambda i: 1
+  nodes, anchors = remat._regeneration(program, producer, v, anchor, one_each, 2)
+  assert anchors == (a_value,) and [program.nodes[i].name for i in nodes] == ["exp"]
+  assert remat._walk_back(program, producer, v, anchor, one_each, 2) is None

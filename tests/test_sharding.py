@@ -67,7 +67,7 @@ def test_recomputed_values_keep_their_split_in_later_rounds():
   checked = 0
   for r in a.rounds[1:]:
     for b in r.blocks:
-      for i, j in zip(b.clones, b.cloned):   # the nodes its block recomputed itself
+      for i, j in zip(b.clones, b.region.nodes):
         for new, old in zip(r.program.nodes[i].outputs, r.program.nodes[j].outputs):
           assert r.graph.bytes(new).evaluate(env) == r.graph.bytes(old).evaluate(env)
           checked += 1

@@ -115,23 +115,30 @@ class Analysis:
     env = self.graph.constraints.complete(dict(dims))
     last = [r for r in self.rounds if not r.as_written][-1]
     program = tracing.specialize_program(last.program, env)
-    # A block runs as one guarded unit where its last node stands (every operand of
-    # the recomputation exists by then). Blocks whose intermediates other nodes read
-    # (a later region anchored on them) stay unguarded: always recomputed, still exact.
+    # A block's recomputation runs as one guarded unit where its last node stands
+    # (its fence runs unguarded, in place: later nodes read the fenced trigger).
+    # Blocks whose intermediates other nodes read (a later region anchored on them, a
+    # recomputation shared with another region of the same consumer) stay
+    # unguarded: always recomputed, still exact.
     blocks = [(j, b) for j, r in enumerate(self.rounds) for b in r.blocks]
-    members = {n: b for _, b in blocks for n in (b.barrier,) + b.clones}
+    members: dict[int, list] = {}
+    for _, b in blocks:
+      for n in b.clones:
+        members.setdefault(n, []).append(b)
     readers: dict[int, set[int]] = {}
     for n in program.nodes:
       for x in n.inputs:
         if not isinstance(x, tracing.Const):
           readers.setdefault(x, set()).add(n.index)
+    kept = {b.region.value for _, b in blocks}   # what each block's `keep` branch reads
     def self_contained(b):
-      inner = {o for n in (b.barrier,) + b.clones for o in program.nodes[n].outputs}
-      return all(members.get(r) is b for o in inner - {b.regenerated}
-                 for r in readers.get(o, ()))
-    unit = lambda b: (b.barrier,) + b.clones   # no clones: all shared with an earlier block
-    guarded = {unit(b)[-1]: (j, b) for j, b in blocks if self_contained(b)}
-    skip = {n for _, b in guarded.values() for n in unit(b)[:-1]}
+      if any(members[n] != [b] for n in b.clones):
+        return False
+      inner = {o for n in b.clones for o in program.nodes[n].outputs} - {b.regenerated}
+      return not inner & kept and all(members.get(r) == [b] for o in inner
+                                      for r in readers.get(o, ()))
+    guarded = {b.clones[-1]: (j, b) for j, b in blocks if b.clones and self_contained(b)}
+    skip = {n for _, b in guarded.values() for n in b.clones[:-1]}
 
     argument_bytes = sum(self.graph.bytes(v).evaluate(env) for v in self.traced.program.inputs)
 
@@ -160,7 +167,7 @@ class Analysis:
         j, block = guarded[i]
         def regenerate(_, block=block):
           local = dict(values)
-          run_nodes(local, unit(block))
+          run_nodes(local, block.clones)
           return local[block.regenerated]
         keep = lambda _, block=block: values[block.region.value]
         pred = io_callback(functools.partial(needed, j), jax.ShapeDtypeStruct((), bool))

@@ -38,7 +38,7 @@ from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
 FORMAT = "jax_symmem plan"
-FORMAT_VERSION = 2   # 2: regions may share recomputation (`share`)
+FORMAT_VERSION = 2   # 2: regions bounded by FLOPs, one fence per consumer (1: other rules)
 ENV_VAR = "JAX_SYMMEM_PLAN_CACHE"
 
 
@@ -122,7 +122,7 @@ def _item_to_json(r) -> dict:
             "saved": poly_to_json(r.saved), "cost": poly_to_json(r.cost), "source": r.source}
   return {"kind": "region", "value": r.value, "consumer": r.consumer, "nodes": list(r.nodes),
           "anchors": list(r.anchors), "saved": poly_to_json(r.saved),
-          "cost": poly_to_json(r.cost), "source": r.source, "share": r.share}
+          "cost": poly_to_json(r.cost), "source": r.source}
 
 
 def _item_from_json(d: Mapping):
@@ -134,8 +134,7 @@ def _item_from_json(d: Mapping):
   if d["kind"] == "region":
     return remat.Region(int(d["value"]), int(d["consumer"]), ints(d["nodes"]),
                         ints(d["anchors"]), poly_from_json(d["saved"]),
-                        poly_from_json(d["cost"]), str(d["source"]),
-                        bool(d.get("share", False)))
+                        poly_from_json(d["cost"]), str(d["source"]))
   raise ValueError(f"unknown item kind {d['kind']!r}")
 
 

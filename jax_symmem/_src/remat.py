@@ -11,12 +11,14 @@ the step's FLOPs (no node count: `plan`). Regions are ranked by FLOPs per byte s
 
 `apply_regions` rewrites the program: the evicted value's later uses read a
 recomputed copy, computed by cloned nodes whose anchors first pass through an
-optimization barrier together with a trigger (a value produced just before the
-use), so XLA cannot hoist the recomputation back next to the original or merge
-the two (with `cse_barrier_expander` disabled, DESIGN.md F1). Regions of one round
-that recompute the same nodes may share them: the block of the earliest consumer
-recomputes them once and later blocks read its copies, where that strictly lowers
-the round's modeled peak (`plan_rounds`).
+optimization barrier together with a trigger, so XLA cannot hoist the
+recomputation back next to the original or merge the two (with
+`cse_barrier_expander` disabled, DESIGN.md F1). As JAX's own remat fences a
+layer's recomputation with the cotangent flowing into it, the trigger is a value
+the backward computes late (the deepest one still read from the consumer on), and
+those later reads take its fenced copy, so XLA's simplifier cannot drop it.
+Regions with the same consumer share one barrier and one recomputation: a node
+two of them need is recomputed once.
 """
 
 from __future__ import annotations
@@ -65,10 +67,8 @@ class Region:
   nodes: tuple[int, ...]        # regeneration subgraph, in topological order
   anchors: tuple[int, ...]      # values it reads, live at the consumer anyway
   saved: Poly                   # bytes no longer live across the peak
-  cost: Poly                    # FLOPs of the regeneration (what this region recomputes
-                                # itself when it shares: see `share`)
+  cost: Poly                    # FLOPs of the regeneration
   source: str                   # where the value was produced
-  share: bool = False           # read what an earlier block of its round recomputed
 
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
@@ -234,8 +234,21 @@ def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
   Walks back from `value`: a small value that is live at the use (or an
   argument) becomes an anchor; a large one is recomputed while the subgraph
   costs at most `max_cost` FLOPs and its producer may be recomputed, and read
-  as an anchor otherwise.
+  as an anchor otherwise. Where that finds no way back within the cost (a value
+  neither live nor recomputable within it), it walks again reading every value
+  that is live at the use: a layer's residuals then regenerate from the
+  residuals that stay, as with per-layer checkpointing, instead of not at all.
   """
+  found = _walk_back(program, producer, value, anchor, cost_of, max_cost)
+  if found is None:
+    def live(a, prefer_recompute):
+      del prefer_recompute   # any live value will do
+      return anchor(a, prefer_recompute=False)
+    found = _walk_back(program, producer, value, live, cost_of, max_cost)
+  return found
+
+
+def _walk_back(program: Program, producer, value, anchor, cost_of, max_cost):
   nodes: list[int] = []
   cost, taken = 0, set()
   anchors: set[int] = set()
@@ -288,29 +301,50 @@ def _rank(regions: list[Region], decider: Decider) -> list[Region]:
 # --- rewrite ----------------------------------------------------------------------------
 
 
+# Never a trigger: XLA duplicates these into each consumer instead of materializing
+# them, so fencing one would force a buffer XLA never needs.
+NOT_A_TRIGGER = frozenset({
+    "broadcast_in_dim", "iota", "reshape", "squeeze", "expand_dims", "convert_element_type",
+})
+
+
 @dataclasses.dataclass(frozen=True)
 class Block:
   """Where a region landed in a rewritten program."""
   region: Region
-  barrier: int                  # node index of the fence
-  clones: tuple[int, ...]       # node indices of the recomputation
+  barrier: int                  # node index of the fence (shared by a consumer's regions)
+  clones: tuple[int, ...]       # node indices of the recomputation, one per region node
   regenerated: int              # the value that replaces `region.value` from the consumer on
-  cloned: tuple[int, ...]       # the region's nodes that `clones` copy, in the same order;
-                                # the others were recomputed by an earlier block (shared)
 
 
-def recomputed_by(regions: Sequence[Region], order: Sequence[int]) -> list[tuple[int, ...]]:
-  """The nodes each region's block recomputes itself (`apply_regions`), in `regions`'
-  order: all its nodes, less those a block of an earlier consumer recomputes where it
-  shares."""
-  position = {i: k for k, i in enumerate(order)}
-  done: set[int] = set()
-  own = {}
-  for k in sorted(range(len(regions)), key=lambda k: position[regions[k].consumer]):
-    r = regions[k]
-    own[k] = tuple(i for i in r.nodes if not (r.share and i in done))
-    done.update(own[k])
-  return [own[k] for k in range(len(regions))]
+def _depths(program: Program, order: Sequence[int]) -> dict[int, int]:
+  """Each value's longest chain of nodes back to the program's inputs."""
+  depth = dict.fromkeys(program.inputs, 0)
+  for i in order:
+    node = program.nodes[i]
+    d = 1 + max((depth[x] for x in node.inputs if not isinstance(x, Const)), default=0)
+    depth.update(dict.fromkeys(node.outputs, d))
+  return depth
+
+
+def _trigger(program: Program, order: Sequence[int], k: int, depth: Mapping[int, int],
+             skip: set[int]) -> int | None:
+  """The value the fence before position k waits for: among values made before k
+  and read at k or later, the one with the longest chain back to the inputs (late in
+  the backward pass: XLA cannot compute it early, as JAX's remat waits for the
+  cotangent). None if there is none."""
+  n = len(program.nodes)
+  read_later = {x for i in order[k:] if i < n
+                for x in program.nodes[i].inputs if not isinstance(x, Const)}
+  best = None
+  for i in order[:k]:
+    node = program.nodes[i] if i < n else None
+    if node is None or node.name in NOT_A_TRIGGER:
+      continue
+    for o in node.outputs:
+      if o in read_later and o not in skip and (best is None or depth[o] > depth[best]):
+        best = o
+  return best
 
 
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
@@ -318,36 +352,33 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   """The program with `regions` applied, its order (recomputation right before each
   consumer), and where each region landed.
 
-  Regions are applied in the order of their consumers. A node that several regions
-  recompute is recomputed once, by the block of the earliest consumer, where the later
-  region has `share` set: its block reads that copy through its fence, as it reads its
-  anchors (a layer's shared work, e.g. a projection two evicted activations both need,
-  runs once; the copy is held from the first block to the last that reads it).
+  Regions with the same consumer share one fence and one recomputation. The fence
+  passes their anchors and a trigger (`_trigger`) through one optimization
+  barrier; every read of the trigger from the consumer on takes its fenced copy,
+  so XLA keeps the barrier whole and cannot start the recomputation before the
+  trigger exists (experiments/flat_reach.py measures what XLA makes of it).
   """
   nodes = list(program.nodes)
   avals = dict(program.avals)
   next_id = program.max_id() + 1
   position = {i: k for k, i in enumerate(order)}
-  owned = recomputed_by(regions, order)
-  before: dict[int, list[int]] = {}        # consumer -> the blocks' nodes placed before it
-  recomputed: dict[int, int] = {}          # outputs an earlier block recomputed -> the copies
-  regenerated: dict[int, tuple[int, int]] = {}   # evicted value -> (its consumer's position, copy)
+  depth = _depths(program, order)
+  order = list(order)
+  rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
+  fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
+  groups: dict[int, list[Region]] = {}
+  for r in regions:
+    groups.setdefault(r.consumer, []).append(r)
   blocks = []
-  for j in sorted(range(len(regions)), key=lambda j: position[regions[j].consumer]):
-    r, own = regions[j], owned[j]
-    placed = before.setdefault(r.consumer, [])
-    k = position[r.consumer]
-    last = placed[-1] if placed else (order[k - 1] if k > 0 else None)
-    trigger = next((o for o in nodes[last].outputs), None) if last is not None else None
-    made = {o for i in own for o in program.nodes[i].outputs}
-    reads = {x for i in own for x in program.nodes[i].inputs if not isinstance(x, Const)}
-    if r.value not in made:
-      reads.add(r.value)
-    shared = sorted(x for x in reads - made - set(r.anchors) if x in recomputed) \
-        if r.share else []
-    fenced_in = list(r.anchors) + [recomputed[x] for x in shared] + (
-        [trigger] if trigger is not None else [])
-    # 1. The barrier: anchors, shared copies (and the trigger) pass through together.
+  for consumer in sorted(groups, key=position.__getitem__):
+    group = groups[consumer]
+    k = order.index(consumer)
+    evicted = {r.value for r in group}
+    anchors = sorted({a for r in group for a in r.anchors})
+    trigger = _trigger(program, order, k, depth, set(anchors) | evicted)
+    triggers = [] if trigger is None else [trigger]
+    # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
+    fenced_in = anchors + [fenced.get(t, t) for t in triggers]
     fenced_out = []
     for a in fenced_in:
       avals[next_id] = avals[a]
@@ -355,39 +386,52 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
       next_id += 1
     barrier = Node(index=len(nodes), primitive=lax.optimization_barrier_p, params={},
                    inputs=tuple(fenced_in), outputs=tuple(fenced_out),
-                   source=f"jax_symmem remat fence for value {r.value}")
+                   source=f"jax_symmem remat fence for values {sorted(evicted)}")
     nodes.append(barrier)
     new_order = [barrier.index]
-    mapping = dict(zip(list(r.anchors) + shared, fenced_out))
-    # 2. Clones of the nodes no earlier block recomputed read the fenced values.
-    for i in own:
-      old = program.nodes[i]
-      outs = []
-      for o in old.outputs:
-        avals[next_id] = avals[o]
-        mapping[o] = recomputed[o] = next_id
-        outs.append(next_id)
-        next_id += 1
-      clone = dataclasses.replace(
-          old, index=len(nodes), outputs=tuple(outs),
-          inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
-          source=old.source + " [recomputed]")
-      nodes.append(clone)
-      new_order.append(clone.index)
-    placed += new_order
-    blocks.append(Block(r, barrier.index, tuple(new_order[1:]), mapping[r.value], tuple(own)))
-    regenerated[r.value] = (k, mapping[r.value])
-  # 3. Every use of an evicted value from its consumer on reads the regenerated copy.
-  for i in order:
+    mapping = dict(zip(anchors, fenced_out))
+    # 2. Clones of the regeneration subgraphs read the fenced anchors; a node two
+    # regions of the group recompute is cloned once.
+    clone_of: dict[int, int] = {}
+    for r in group:
+      for i in r.nodes:
+        if i in clone_of:
+          continue
+        old = program.nodes[i]
+        outs = []
+        for o in old.outputs:
+          avals[next_id] = avals[o]
+          mapping[o] = next_id
+          outs.append(next_id)
+          next_id += 1
+        clone = dataclasses.replace(
+            old, index=len(nodes), outputs=tuple(outs),
+            inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
+            source=old.source + " [recomputed]")
+        nodes.append(clone)
+        new_order.append(clone.index)
+        clone_of[i] = clone.index
+    order[k:k] = new_order
+    later = [i for i in order[k + len(new_order):] if i < len(program.nodes)]
+    # 3. From the consumer on, every read of an evicted value takes the regenerated
+    # copy and every read of the trigger its fenced copy.
+    for r in group:
+      blocks.append(Block(r, barrier.index, tuple(clone_of[i] for i in r.nodes),
+                          mapping[r.value]))
+      for i in later:
+        rename.setdefault(i, {})[r.value] = mapping[r.value]
+    for t, copy in zip(triggers, fenced_out[len(anchors):]):
+      fenced[t] = copy
+      for i in later:
+        if any(not isinstance(x, Const) and x == t for x in program.nodes[i].inputs):
+          rename.setdefault(i, {})[t] = copy
+  for i, ren in rename.items():
     n = nodes[i]
-    if any(not isinstance(x, Const) and x in regenerated for x in n.inputs):
-      ren = lambda x: regenerated[x][1] if (
-          not isinstance(x, Const) and x in regenerated
-          and position[i] >= regenerated[x][0]) else x
-      nodes[i] = dataclasses.replace(n, inputs=tuple(ren(x) for x in n.inputs))
-  new_order = [m for i in order for m in (*before.get(i, ()), i)]
-  return (Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(new_order),
-          tuple(blocks))
+    if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
+      continue   # reads none of the renamed values: keep the node as it is
+    nodes[i] = dataclasses.replace(n, inputs=tuple(
+        x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
+  return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
 
 
 # --- rounds: evict at the peak, re-plan at the new peak -----------------------------------
@@ -415,10 +459,12 @@ def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
   for b in blocks:
     fence = program.nodes[b.barrier]
     copies.update(zip(fence.outputs, fence.inputs))
-    for i, j in zip(b.clones, b.cloned):
+    for i, j in zip(b.clones, b.region.nodes):   # clones in the region's node order
       copies.update(zip(program.nodes[i].outputs, program.nodes[j].outputs))
-  resolve = lambda v: resolve(copies[v]) if v in copies else v   # a fenced shared copy
-  return {v: resolve(c) for v, c in copies.items()}
+  for v in copies:   # a trigger fenced twice in one round: a copy of the original
+    while copies[v] in copies:
+      copies[v] = copies[copies[v]]
+  return copies
 
 
 def first_round(graph: ShapeGraph, order: Sequence[int]) -> Round:
@@ -441,46 +487,6 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction])
   loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
   return Round(tuple(chosen), blocks, rewritten, new_order,
                last.graph.extended(rewritten, _copies(rewritten, blocks)), loops)
-
-
-def sharing(graph: ShapeGraph, program: Program, order: Sequence[int],
-            chosen: Sequence[Region | loop_remat.LoopEviction]
-            ) -> list[Region | loop_remat.LoopEviction] | None:
-  """`chosen` with every flat region sharing the work an earlier block of the round
-  recomputes, each costing only what its own block recomputes; None if no two share
-  anything."""
-  flat = [dataclasses.replace(r, share=True) for r in chosen if isinstance(r, Region)]
-  owned = recomputed_by(flat, order)
-  if all(len(own) == len(r.nodes) for r, own in zip(flat, owned)):
-    return None
-  cost = {r.value: sum((flops(graph, program.nodes[i]) for i in own), ZERO)
-          for r, own in zip(flat, owned)}
-  return [dataclasses.replace(r, share=True, cost=cost[r.value]) if isinstance(r, Region)
-          else r for r in chosen]
-
-
-def _shared_or_not(last: Round, chosen, tight: Mapping[str, int]) -> Round:
-  """The next round, its shared work recomputed once where that lowers the modeled peak
-  at the shape of interest. A shared copy is held from the first block that makes it
-  to the last that reads it; on a tie that memory still changes what later rounds find
-  (measured: sharing on ties raised GPT-2's floor at s=1024 from 551.5 to 574.5 MiB),
-  so the plain rewrite is kept unless sharing is strictly better."""
-  plain = apply_round(last, chosen)
-  items = sharing(last.graph, last.program, last.order, chosen)
-  if items is None:
-    return plain
-  # Outside the blocks that would read shared copies, sharing only adds the held
-  # copies: it can lower the peak only where the plain round peaks inside one of them.
-  env = last.graph.constraints.complete(tight)
-  at, _ = memory.peak_step(plain.graph, env, plain.program, plain.order)
-  flat = [r for r in items if isinstance(r, Region)]
-  readers = {r.value for r, own in zip(flat, recomputed_by(flat, last.order))
-             if len(own) < len(r.nodes)}
-  if not any(plain.order[at] in (b.barrier, *b.clones) for b in plain.blocks
-             if b.region.value in readers):
-    return plain
-  shared = apply_round(last, items)
-  return shared if shared.peak_at(tight) < plain.peak_at(tight) else plain
 
 
 def replay_rounds(graph: ShapeGraph, order: Sequence[int],
@@ -523,7 +529,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
         break
     if not chosen:
       break
-    rounds.append(_shared_or_not(last, chosen, tight))
+    rounds.append(apply_round(last, chosen))
     peak = rounds[-1].peak_at(tight)
     best, stale = (peak, 0) if peak < best else (best, stale + 1)
     if stale >= patience:
