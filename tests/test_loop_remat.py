@@ -1,5 +1,7 @@
 """Rematerialization inside loops: scan pairs, their rewrite, and symmem.jit on scanned models."""
 
+import dataclasses
+
 import chex
 import hypothesis
 from hypothesis import strategies as st
@@ -10,6 +12,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import executor
+from jax_symmem._src import ir
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
@@ -167,3 +170,26 @@ def test_model_of_loop_rounds_equals_running_the_bodies_op_by_op():
       program = tracing.specialize_program(r.program, env)
       _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
       assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, (k, dims)
+
+
+def test_renaming_a_backward_operand_leaves_the_forward_reading_the_original():
+  # A flat region may regenerate a value both scans read (here a stacked weight) for the
+  # backward scan only: the forward must keep reading the original, which exists before
+  # the copy does (renaming both made later loop rounds invalid orders).
+  fun = _scanned_loss((0,), 2, False)
+  traced = symmem.trace(fun, *_args(2, 2, 8), polymorphic_shapes=(None, "b, s, _"))
+  program = traced.program
+  ((fi, state),) = loop_remat.scan_pairs(program).items()
+  shared = [x for x in state.backward.inputs if x in set(state.forward.inputs)
+            and not isinstance(x, ir.Const)]
+  assert shared
+  copy = program.max_id() + 1
+  backward = program.nodes[state.backward.index]
+  nodes = list(program.nodes)
+  nodes[backward.index] = dataclasses.replace(backward, inputs=tuple(
+      copy if x == shared[0] else x for x in backward.inputs))
+  after = ir.Program(program.inputs, tuple(nodes), program.outputs,
+                          {**program.avals, copy: program.avals[shared[0]]})
+  renamed = state.renamed(program, after)
+  assert shared[0] in renamed.forward_operands and copy not in renamed.forward_operands
+  assert copy in renamed.backward_operands and shared[0] not in renamed.backward_operands

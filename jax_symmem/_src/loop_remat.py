@@ -62,16 +62,18 @@ class LoopState:
   def renamed(self, before: Program, after: Program) -> "LoopState":
     """This state after a rewrite that renamed some operands of the current scans
     in place (`remat.apply_regions` does, position by position)."""
-    rename = {}
-    for node in (self.forward, self.backward):
-      for x, y in zip(before.nodes[node.index].inputs, after.nodes[node.index].inputs):
-        if x is not y and not isinstance(x, Const):
-          rename[x] = y
-    if not rename:
+    def fix(node: Node, ops):
+      # Per scan: a value the backward now reads as a regenerated copy is still the
+      # original for the forward, which runs before the copy exists.
+      rename = {x: y for x, y in zip(before.nodes[node.index].inputs,
+                                     after.nodes[node.index].inputs)
+                if x is not y and not isinstance(x, Const)}
+      return tuple(rename.get(x, x) if not isinstance(x, Const) else x for x in ops)
+    forward, backward = (fix(self.forward, self.forward_operands),
+                         fix(self.backward, self.backward_operands))
+    if (forward, backward) == (self.forward_operands, self.backward_operands):
       return self
-    fix = lambda ops: tuple(rename.get(x, x) if not isinstance(x, Const) else x for x in ops)
-    return dataclasses.replace(self, forward_operands=fix(self.forward_operands),
-                               backward_operands=fix(self.backward_operands))
+    return dataclasses.replace(self, forward_operands=forward, backward_operands=backward)
 
 
 @dataclasses.dataclass(frozen=True)
