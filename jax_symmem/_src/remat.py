@@ -29,6 +29,7 @@ import functools
 from typing import Callable, Iterable, Mapping, Sequence
 
 from jax import lax
+import numpy as np
 
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
@@ -317,34 +318,44 @@ class Block:
   regenerated: int              # the value that replaces `region.value` from the consumer on
 
 
-def _depths(program: Program, order: Sequence[int]) -> dict[int, int]:
-  """Each value's longest chain of nodes back to the program's inputs."""
-  depth = dict.fromkeys(program.inputs, 0)
-  for i in order:
-    node = program.nodes[i]
-    d = 1 + max((depth[x] for x in node.inputs if not isinstance(x, Const)), default=0)
-    depth.update(dict.fromkeys(node.outputs, d))
-  return depth
+class _Triggers:
+  """Picks the value a fence waits for (`at`): among the values made before the
+  consumer and read at it or later, the one with the longest chain back to the inputs
+  (late in the backward pass: XLA cannot compute it early, as JAX's remat waits for
+  the cotangent); the first such in `order` on a tie. Positions are in `order`, which
+  inserting blocks never reorders."""
 
+  def __init__(self, program: Program, order: Sequence[int]):
+    # One pass: each value's readers and where it is last read, its depth (the longest
+    # chain of nodes back to the program's inputs), and the values a trigger may be.
+    self.readers: dict[int, list[int]] = {}
+    last_read: dict[int, int] = {}
+    depth = dict.fromkeys(program.inputs, 0)
+    eligible: list[tuple[int, int]] = []
+    for k, i in enumerate(order):
+      node = program.nodes[i]
+      d = 0
+      for x in node.inputs:
+        if not isinstance(x, Const):
+          last_read[x] = k
+          self.readers.setdefault(x, []).append(i)
+          d = max(d, depth[x])
+      depth.update(dict.fromkeys(node.outputs, d + 1))
+      if node.primitive.name not in NOT_A_TRIGGER:
+        eligible.extend((o, k) for o in node.outputs)
+    made = [(o, k) for o, k in eligible if o in last_read]
+    self.values = [o for o, _ in made]
+    self.index = {o: j for j, o in enumerate(self.values)}
+    self.born = np.array([k for _, k in made], np.int64)
+    self.last_read = np.array([last_read[o] for o in self.values], np.int64)
+    self.depth = np.array([depth[o] for o in self.values], np.int64)
 
-def _trigger(program: Program, order: Sequence[int], k: int, depth: Mapping[int, int],
-             skip: set[int]) -> int | None:
-  """The value the fence before position k waits for: among values made before k
-  and read at k or later, the one with the longest chain back to the inputs (late in
-  the backward pass: XLA cannot compute it early, as JAX's remat waits for the
-  cotangent). None if there is none."""
-  n = len(program.nodes)
-  read_later = {x for i in order[k:] if i < n
-                for x in program.nodes[i].inputs if not isinstance(x, Const)}
-  best = None
-  for i in order[:k]:
-    node = program.nodes[i] if i < n else None
-    if node is None or node.name in NOT_A_TRIGGER:
-      continue
-    for o in node.outputs:
-      if o in read_later and o not in skip and (best is None or depth[o] > depth[best]):
-        best = o
-  return best
+  def at(self, k: int, skip: Iterable[int]) -> int | None:
+    """The trigger for a consumer at position k, never one of `skip`."""
+    depth = np.where((self.born < k) & (self.last_read >= k), self.depth, -1)
+    depth[[self.index[v] for v in skip if v in self.index]] = -1
+    j = int(np.argmax(depth)) if len(depth) else 0
+    return self.values[j] if len(depth) and depth[j] >= 0 else None
 
 
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
@@ -362,7 +373,8 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   avals = dict(program.avals)
   next_id = program.max_id() + 1
   position = {i: k for k, i in enumerate(order)}
-  depth = _depths(program, order)
+  triggers_of = _Triggers(program, order)
+  readers = triggers_of.readers
   order = list(order)
   rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
   fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
@@ -375,7 +387,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
     k = order.index(consumer)
     evicted = {r.value for r in group}
     anchors = sorted({a for r in group for a in r.anchors})
-    trigger = _trigger(program, order, k, depth, set(anchors) | evicted)
+    trigger = triggers_of.at(position[consumer], set(anchors) | evicted)
     triggers = [] if trigger is None else [trigger]
     # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
     fenced_in = anchors + [fenced.get(t, t) for t in triggers]
@@ -412,23 +424,20 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
         new_order.append(clone.index)
         clone_of[i] = clone.index
     order[k:k] = new_order
-    later = [i for i in order[k + len(new_order):] if i < len(program.nodes)]
     # 3. From the consumer on, every read of an evicted value takes the regenerated
     # copy and every read of the trigger its fenced copy.
+    later = lambda v: (i for i in readers.get(v, ()) if position[i] >= position[consumer])
     for r in group:
       blocks.append(Block(r, barrier.index, tuple(clone_of[i] for i in r.nodes),
                           mapping[r.value]))
-      for i in later:
+      for i in later(r.value):
         rename.setdefault(i, {})[r.value] = mapping[r.value]
     for t, copy in zip(triggers, fenced_out[len(anchors):]):
       fenced[t] = copy
-      for i in later:
-        if any(not isinstance(x, Const) and x == t for x in program.nodes[i].inputs):
-          rename.setdefault(i, {})[t] = copy
+      for i in later(t):
+        rename.setdefault(i, {})[t] = copy
   for i, ren in rename.items():
     n = nodes[i]
-    if not any(not isinstance(x, Const) and x in ren for x in n.inputs):
-      continue   # reads none of the renamed values: keep the node as it is
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
   return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
