@@ -2,14 +2,12 @@
 
 import jax
 
-from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants
 
 
 def xla_bytes(analysis, k, dims, args) -> int:
   """XLA's footprint of round k at dims, compiled as symmem.jit compiles under a budget."""
-  options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
-             else jit_lib.GPU_COMPILER_OPTIONS)
+  options = variants.round_options(analysis, k, jax.devices()[0].platform)
   exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=options)
   ma = exe.memory_analysis()
