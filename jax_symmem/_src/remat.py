@@ -352,10 +352,12 @@ class _Triggers:
 
   def at(self, k: int, skip: Iterable[int]) -> int | None:
     """The trigger for a consumer at position k, never one of `skip`."""
+    if not self.values:
+      return None
     depth = np.where((self.born < k) & (self.last_read >= k), self.depth, -1)
     depth[[self.index[v] for v in skip if v in self.index]] = -1
-    j = int(np.argmax(depth)) if len(depth) else 0
-    return self.values[j] if len(depth) and depth[j] >= 0 else None
+    j = int(np.argmax(depth))   # the first of the deepest
+    return self.values[j] if depth[j] >= 0 else None
 
 
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
@@ -364,7 +366,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   consumer), and where each region landed.
 
   Regions with the same consumer share one fence and one recomputation. The fence
-  passes their anchors and a trigger (`_trigger`) through one optimization
+  passes their anchors and a trigger (`_Triggers`) through one optimization
   barrier; every read of the trigger from the consumer on takes its fenced copy,
   so XLA keeps the barrier whole and cannot start the recomputation before the
   trigger exists (experiments/flat_reach.py measures what XLA makes of it).
@@ -389,9 +391,8 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
     evicted = {r.value for r in group}
     anchors = sorted({a for r in group for a in r.anchors})
     trigger = triggers_of.at(position[consumer], set(anchors) | evicted_here)
-    triggers = [] if trigger is None else [trigger]
     # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
-    fenced_in = anchors + [fenced.get(t, t) for t in triggers]
+    fenced_in = anchors + ([] if trigger is None else [fenced.get(trigger, trigger)])
     fenced_out = []
     for a in fenced_in:
       avals[next_id] = avals[a]
@@ -433,10 +434,10 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
                           mapping[r.value]))
       for i in later(r.value):
         rename.setdefault(i, {})[r.value] = mapping[r.value]
-    for t, copy in zip(triggers, fenced_out[len(anchors):]):
-      fenced[t] = copy
-      for i in later(t):
-        rename.setdefault(i, {})[t] = copy
+    if trigger is not None:
+      fenced[trigger] = fenced_out[-1]
+      for i in later(trigger):
+        rename.setdefault(i, {})[trigger] = fenced_out[-1]
   for i, ren in rename.items():
     n = nodes[i]
     nodes[i] = dataclasses.replace(n, inputs=tuple(

@@ -64,19 +64,26 @@ class Schedule:
     return tuple(sink(graph, best, dims, program)[0])
 
 
-def dependencies(program: Program) -> list[set[int]]:
-  """preds[i]: nodes that must run before node i (data and effect order)."""
+def _edges(program: Program):
+  """(before, after) node pairs: a node runs after its operands' producers, and effects
+  keep their trace order."""
   producer = {o: n.index for n in program.nodes for o in n.outputs}
-  preds: list[set[int]] = [set() for _ in program.nodes]
   last_effect = None
   for n in program.nodes:
     for x in n.inputs:
       if not isinstance(x, Const) and x in producer:
-        preds[n.index].add(producer[x])
+        yield producer[x], n.index
     if n.effects:
       if last_effect is not None:
-        preds[n.index].add(last_effect)
+        yield last_effect, n.index
       last_effect = n.index
+
+
+def dependencies(program: Program) -> list[set[int]]:
+  """preds[i]: nodes that must run before node i (data and effect order)."""
+  preds: list[set[int]] = [set() for _ in program.nodes]
+  for before, after in _edges(program):
+    preds[after].add(before)
   return preds
 
 
@@ -89,23 +96,12 @@ def is_valid_order(program: Program, order: Sequence[int],
     return False
   pos = np.empty(n, np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(n)
-  if preds is not None:
-    src = [p for ps in preds for p in ps]
-    dst = [i for i, ps in enumerate(preds) for _ in ps]
-  else:                         # the edges of `dependencies`, without building its sets
-    producer = {o: node.index for node in program.nodes for o in node.outputs}
-    src, dst, last_effect = [], [], None
-    for node in program.nodes:
-      for x in node.inputs:
-        if not isinstance(x, Const) and x in producer:
-          src.append(producer[x])
-          dst.append(node.index)
-      if node.effects:
-        if last_effect is not None:
-          src.append(last_effect)
-          dst.append(node.index)
-        last_effect = node.index
-  return bool(np.all(pos[np.asarray(src, np.int64)] < pos[np.asarray(dst, np.int64)]))
+  edges = (list(_edges(program)) if preds is None
+           else [(p, i) for i, ps in enumerate(preds) for p in ps])
+  if not edges:
+    return True
+  before, after = np.asarray(edges, np.int64).T
+  return bool(np.all(pos[before] < pos[after]))
 
 
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,
