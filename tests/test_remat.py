@@ -236,7 +236,6 @@ def test_each_fence_waits_for_a_late_value_that_later_nodes_read():
         continue
       (trigger, copy), = extra
       assert producer[trigger].name not in remat.NOT_A_TRIGGER
-      assert trigger not in {b.region.value for b in r.blocks}   # that would keep it live
       readers = [pos[n.index] for n in program.nodes if copy in n.inputs]
       assert readers and min(readers) > pos[barrier]
       checked += 1

@@ -383,14 +383,13 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   groups: dict[int, list[Region]] = {}
   for r in regions:
     groups.setdefault(r.consumer, []).append(r)
-  evicted_here = {r.value for r in regions}   # never a trigger: that would keep it live
   blocks = []
   for consumer in sorted(groups, key=position.__getitem__):
     group = groups[consumer]
     k = order.index(consumer)
     evicted = {r.value for r in group}
     anchors = sorted({a for r in group for a in r.anchors})
-    trigger = triggers_of.at(position[consumer], set(anchors) | evicted_here)
+    trigger = triggers_of.at(position[consumer], set(anchors) | evicted)
     # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
     fenced_in = anchors + ([] if trigger is None else [fenced.get(trigger, trigger)])
     fenced_out = []
