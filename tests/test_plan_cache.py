@@ -165,8 +165,14 @@ def _warnings(caplog):
           and "plan cache" in r.getMessage()]
 
 
+def _reseal(data):
+  """`data` with a checksum that matches it again (damage the checksum cannot see)."""
+  return dict(data, checksum=plan_cache._checksum(data))
+
+
 @pytest.mark.parametrize("damage", ["truncate", "garbage", "empty", "other_format_version",
-                                    "foreign_fingerprint", "bad_ids", "bad_poly"])
+                                    "foreign_fingerprint", "bad_ids", "bad_poly",
+                                    "bad_ids_resealed", "one_changed_digit"])
 def test_a_damaged_file_is_ignored_with_a_warning_and_replanned(tmp_path, caplog, damage):
   d = str(tmp_path)
   first = _analyze_mlp(d)
@@ -193,6 +199,12 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_replanned(tmp_path, caplog
                           "anchors": [], "saved": [], "cost": [], "source": ""}]]
     data["schedule"]["order"] = data["schedule"]["order"][::-1]
     path.write_text(json.dumps(data))
+  elif damage == "bad_ids_resealed":   # the checksum matches: the schedule check catches it
+    data["schedule"]["order"] = data["schedule"]["order"][::-1]
+    path.write_text(json.dumps(_reseal(data)))
+  elif damage == "one_changed_digit":   # still a well-formed plan: only the checksum sees it
+    data["remat_stats"] = {k: v + 1 for k, v in data["remat_stats"].items()}
+    path.write_text(json.dumps(data))
   elif damage == "bad_poly":
     data["rounds"] = [[{"kind": "region", "value": 0, "consumer": 0, "nodes": [],
                         "anchors": [], "saved": [["x", []]], "cost": [], "source": ""}]]
@@ -204,6 +216,33 @@ def test_a_damaged_file_is_ignored_with_a_warning_and_replanned(tmp_path, caplog
   _assert_same_plan(first, again, DIMS[:1])
   # The replan rewrote a good file: the next analysis loads it.
   assert _analyze_mlp(d).origin == str(path)
+
+
+def test_rounds_are_rebuilt_only_when_read(tmp_path):
+  cold = _analyze_transformer(str(tmp_path))
+  warm = _analyze_transformer(str(tmp_path))
+  assert warm.origin != "planned" and warm.rounds.built == 1   # round 0 only, so far
+  assert warm.round_peak(0, DIMS[0]) == cold.round_peak(0, DIMS[0])
+  assert warm.rounds.built == 1
+  last = len(cold.rounds) - 1
+  assert warm.round_peak(last, DIMS[-1]) == cold.round_peak(last, DIMS[-1])
+  assert warm.rounds.built == len(warm.rounds)   # round k is built on round k - 1
+  _assert_same_plan(cold, warm)
+
+
+def test_a_sealed_round_that_does_not_apply_raises_naming_the_file(tmp_path):
+  _analyze_transformer(str(tmp_path))
+  (name,) = _files(tmp_path)
+  path = tmp_path / name
+  data = json.loads(path.read_text())
+  assert data["rounds"] and data["rounds"][0]
+  data["rounds"][0][0] = {**data["rounds"][0][0], "kind": "region", "value": 10**6,
+                          "consumer": 10**6, "nodes": [10**6], "anchors": []}
+  path.write_text(json.dumps(_reseal(data)))   # only a bug could write this; no hash sees it
+  warm = _analyze_transformer(str(tmp_path))
+  assert warm.origin == str(path)
+  with pytest.raises(remat.ReplayError, match=name):
+    warm.rounds[1]
 
 
 # --- restart --------------------------------------------------------------------------------

@@ -34,7 +34,7 @@ class Analysis:
   traced: TracedProgram
   graph: ShapeGraph
   schedule: schedule_lib.Schedule
-  rounds: tuple[remat.Round, ...]
+  rounds: Sequence[remat.Round]   # a tuple, or remat.ReplayedRounds (built on demand)
   memory_budget: int | None
   remat_stats: Mapping[str, int]
   origin: str = "planned"   # or the plan cache file whose decisions were replayed
@@ -244,7 +244,8 @@ def _graph(traced: TracedProgram, argument_divisors) -> ShapeGraph:
 def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
                    argument_divisors: Sequence[Sequence[int]] | None = None,
                    annotated: TracedProgram | None = None,
-                   decisions: plan_cache.Decisions | None = None) -> Analysis:
+                   decisions: plan_cache.Decisions | None = None,
+                   origin: str = "a stored plan") -> Analysis:
   """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
   many shards it is split into) makes every figure per device (sharding.py).
 
@@ -254,7 +255,8 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
   that fit run without it) and end with the step as the user wrote it.
 
   `decisions`: a plan made before for this same program and settings (plan_cache.py):
-  its schedule and rounds are replayed instead of planned.
+  its schedule and rounds are replayed instead of planned (`origin` names it in
+  errors); each round is rebuilt the first time it is read (`remat.ReplayedRounds`).
   """
   graph = _graph(traced, argument_divisors)
   if decisions is None:
@@ -265,9 +267,9 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
     for order in {sched.order, *sched.candidates.values()}:
       if not schedule_lib.is_valid_order(traced.program, order, preds):
         raise ValueError("a stored schedule is not an order of the traced program")
-    rounds = remat.replay_rounds(graph, sched.order, decisions.rounds)
-    if not all(schedule_lib.is_valid_order(r.program, r.order) for r in rounds[1:]):
-      raise ValueError("a stored round does not replay to a valid program")
+    # Rounds are rebuilt when first read (a restart pays for the rounds its shapes
+    # need); the file's checksum (plan_cache.load) already vouches for the items.
+    rounds = remat.ReplayedRounds(graph, sched.order, decisions.rounds, origin=origin)
   if annotated is not None:
     as_written = _graph(annotated, argument_divisors)
     if decisions is None:
@@ -331,7 +333,8 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     path = plan_cache.path_for(cache_dir, key)
     if decisions is not None:
       try:
-        result = analyze_traced(traced, memory_budget, argument_divisors, annotated, decisions)
+        result = analyze_traced(traced, memory_budget, argument_divisors, annotated, decisions,
+                                origin=path)
         logging.info("jax_symmem: plan for %s replayed from %s in %.2f s (%.2f s of it "
                      "tracing)", name, path, time.perf_counter() - start, traced_at - start)
         return timed(dataclasses.replace(result, origin=path))

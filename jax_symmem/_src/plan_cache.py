@@ -6,16 +6,20 @@ the *decisions*, never jaxprs or `Analysis` objects: the schedule (its main
 order and every candidate order, which `Schedule.order_for` picks from per
 shape), each round's chosen items (flat `remat.Region`s and
 `loop_remat.LoopEviction`s) and the statistics. Loading re-traces the step and
-replays the rounds by applying the same items (`remat.replay_rounds`, the code
+replays the rounds by applying the same items (`remat.ReplayedRounds`, the code
 that planning itself applies rounds with), skipping every search.
 
 A file is keyed by a fingerprint of everything a plan depends on: the closed
 jaxpr's text (symbolic shapes included), the constraints, the budget, the
 argument divisors (sharding), the planner's settings and the jax / jaxlib /
 jax_symmem versions. A changed model or version gets another key, so a stale
-plan is never found. A file that does not parse, has another format version or
-fingerprint, or does not replay onto the traced program is ignored with a
-warning and the step is planned again.
+plan is never found. A file that does not parse, has another format version,
+fingerprint or checksum, or whose schedule is not an order of the traced program
+is ignored with a warning and the step is planned again. Rounds are rebuilt from
+the stored items only when a shape first needs them (`remat.ReplayedRounds`), so
+a restart costs the trace, the key and round 0; a round that still does not
+replay (only a bug could make one, given the checksum) raises `remat.ReplayError`
+naming the file.
 
 Polynomials are stored as plain data (monomial lists), never pickled: a `Poly`
 caches its hash, which differs between processes (PYTHONHASHSEED).
@@ -38,7 +42,7 @@ from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
 FORMAT = "jax_symmem plan"
-FORMAT_VERSION = 2   # 2: regions bounded by FLOPs, one fence per consumer (1: other rules)
+FORMAT_VERSION = 3   # 3: a checksum; 2: regions bounded by FLOPs, one fence per consumer
 ENV_VAR = "JAX_SYMMEM_PLAN_CACHE"
 
 
@@ -138,7 +142,19 @@ def _item_from_json(d: Mapping):
   raise ValueError(f"unknown item kind {d['kind']!r}")
 
 
+def _checksum(data: Mapping) -> str:
+  """sha256 of everything in a plan file but the checksum itself."""
+  body = {k: v for k, v in data.items() if k != "checksum"}
+  return hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+                        ).hexdigest()
+
+
 def to_json(decisions: Decisions, key: str) -> dict:
+  data = _payload(decisions, key)
+  return dict(data, checksum=_checksum(data))
+
+
+def _payload(decisions: Decisions, key: str) -> dict:
   s = decisions.schedule
   return {
       "format": FORMAT, "format_version": FORMAT_VERSION, "fingerprint": key,
@@ -162,6 +178,10 @@ def from_json(data: Mapping, key: str) -> Decisions:
                      f"this jax_symmem reads {FORMAT_VERSION}")
   if data.get("fingerprint") != key:
     raise ValueError("fingerprint mismatch (a plan for another program or setting)")
+  # Rounds are replayed only when a shape needs them (remat.ReplayedRounds), so
+  # damage must show here: any changed byte of the decisions fails the checksum.
+  if data.get("checksum") != _checksum(data):
+    raise ValueError("checksum mismatch (the file was changed after it was written)")
   ints = lambda xs: tuple(int(x) for x in xs)
   s = data["schedule"]
   sched = schedule_lib.Schedule(

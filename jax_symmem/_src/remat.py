@@ -23,6 +23,7 @@ two of them need is recomputed once.
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import fractions
 import functools
@@ -34,6 +35,7 @@ import numpy as np
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
+from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
@@ -499,14 +501,61 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction])
                last.graph.extended(rewritten, _copies(rewritten, blocks)), loops)
 
 
-def replay_rounds(graph: ShapeGraph, order: Sequence[int],
-                  chosen: Sequence[Sequence[Region | loop_remat.LoopEviction]]
-                  ) -> tuple[Round, ...]:
-  """The rounds of a plan made before (`plan_rounds`), from each round's chosen items."""
-  rounds = [first_round(graph, order)]
-  for items in chosen:
-    rounds.append(apply_round(rounds[-1], items))
-  return tuple(rounds)
+class ReplayError(ValueError):
+  """Stored decisions that do not rebuild a valid round of the traced program."""
+
+
+class ReplayedRounds(collections.abc.Sequence):
+  """The rounds of a plan made before (`plan_rounds`), from each round's chosen items.
+
+  Round k is rebuilt (`apply_round` on round k-1, then checked to be a valid order of
+  its program) the first time it is read, so a restarted job pays only for the rounds
+  its shapes need: round 0 alone while the budget holds. `extra` rounds (the step as
+  written) follow the replayed ones as they are.
+  """
+
+  def __init__(self, graph: ShapeGraph, order: Sequence[int],
+               chosen: Sequence[Sequence[Region | loop_remat.LoopEviction]],
+               extra: Sequence[Round] = (), origin: str = "a stored plan"):
+    self._graph, self._order, self._origin = graph, tuple(order), origin
+    self._chosen = tuple(tuple(items) for items in chosen)
+    self._extra = tuple(extra)
+    self._built = [first_round(graph, order)]
+
+  def __len__(self) -> int:
+    return 1 + len(self._chosen) + len(self._extra)
+
+  def __getitem__(self, k):
+    if isinstance(k, slice):
+      return tuple(self[j] for j in range(*k.indices(len(self))))
+    if k < 0:
+      k += len(self)
+    if not 0 <= k < len(self):
+      raise IndexError(f"round {k} of a plan with {len(self)} rounds")
+    if k > len(self._chosen):
+      return self._extra[k - len(self._chosen) - 1]
+    while len(self._built) <= k:
+      j = len(self._built)
+      try:
+        r = apply_round(self._built[-1], self._chosen[j - 1])
+      except (KeyError, IndexError, ValueError, TypeError) as e:
+        raise ReplayError(f"round {j} of {self._origin} does not apply to the traced "
+                          f"program ({type(e).__name__}: {e}); delete the file to plan "
+                          "again") from e
+      if not schedule_lib.is_valid_order(r.program, r.order):
+        raise ReplayError(f"round {j} of {self._origin} does not replay to a valid "
+                          "program; delete the file to plan again")
+      self._built.append(r)
+    return self._built[k]
+
+  def __add__(self, more: Sequence[Round]) -> ReplayedRounds:
+    return ReplayedRounds(self._graph, self._order, self._chosen, self._extra + tuple(more),
+                          self._origin)
+
+  @property
+  def built(self) -> int:
+    """How many planned rounds (round 0 included) have been rebuilt so far."""
+    return len(self._built)
 
 
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
