@@ -2,7 +2,8 @@
 
 It binds each primitive eagerly in the given order, deletes every array right
 after its last use (arguments the caller holds are kept unless donated), and
-tracks the bytes of the distinct live arrays. Its tracked peak is what the
+tracks the bytes of the distinct live arrays; an optimization barrier passes its
+operands through, as XLA does (eagerly it would copy them). Its tracked peak is what the
 memory model predicts, exactly (DESIGN.md F7); run in a fresh process with the
 measurement protocol of `measure.py`, its real peak is what the model claims
 about real memory. Control-flow nodes run whole, as one dispatch, unless
@@ -117,7 +118,9 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
   for pos, i in enumerate(order):
     node = program.nodes[i]
     working = 0
-    if loops_op_by_op and node.name == "scan":
+    if node.name == "optimization_barrier":   # eager, it would copy; XLA passes through
+      results = [read(x) for x in node.inputs]
+    elif loops_op_by_op and node.name == "scan":
       results, working = _run_scan(node, [read(x) for x in node.inputs], loops_op_by_op)
     else:
       results = interpret.bind(node, [read(x) for x in node.inputs])

@@ -36,33 +36,44 @@ from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program
 
-# primitive name -> node -> index of the operand that output 0 aliases (eager execution).
-# Measured: `stop_gradient` returns its operand object and `random_wrap` /
-# `random_unwrap` views share its buffer; reshape, transpose, copy,
-# broadcast_in_dim and optimization_barrier allocate new buffers.
-ALIAS_RULES: dict[str, Callable[[Node], int | None]] = {
-    "stop_gradient": lambda node: 0,
-    "random_wrap": lambda node: 0,
-    "random_unwrap": lambda node: 0,
+# primitive name -> node -> {output index: index of the operand it aliases}.
+# Measured in eager execution: `stop_gradient` returns its operand object and
+# `random_wrap` / `random_unwrap` views share its buffer; reshape, transpose, copy
+# and broadcast_in_dim allocate new buffers. `optimization_barrier` passes its
+# operands through: XLA gives each output its operand's buffer (our fences copy
+# nothing), and the reference executor runs it as that identity.
+ALIAS_RULES: dict[str, Callable[[Node], Mapping[int, int]]] = {
+    "stop_gradient": lambda node: {0: 0},
+    "random_wrap": lambda node: {0: 0},
+    "random_unwrap": lambda node: {0: 0},
+    "optimization_barrier": lambda node: {k: k for k in range(len(node.outputs))},
 }
 
 
-def aliased_operand(node: Node) -> int | None:
+def aliased_operands(node: Node) -> Mapping[int, int]:
+  """{output index: operand index} of the outputs that share an operand's buffer."""
   rule = ALIAS_RULES.get(node.name)
   if rule is None:
-    return None
-  i = rule(node)
-  return i if i is not None and not isinstance(node.inputs[i], Const) else None
+    return {}
+  return {k: i for k, i in rule(node).items() if not isinstance(node.inputs[i], Const)}
 
 
 def buffers(program: Program) -> dict[int, int]:
   """Each value id -> the buffer it lives in: its own id, or the buffer of the operand
   it aliases (`ALIAS_RULES`). Liveness is per buffer."""
   buffer: dict[int, int] = {v: v for v in program.inputs}
+  parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
-    a = aliased_operand(node)
+    aliases = aliased_operands(node) if node.name in ALIAS_RULES else {}
     for k, o in enumerate(node.outputs):
-      buffer[o] = buffer[node.inputs[a]] if (k == 0 and a is not None) else o
+      buffer[o] = o
+      if k in aliases:
+        parent[o] = node.inputs[aliases[k]]
+  for o in parent:
+    root = o
+    while root in parent:
+      root = parent[root]
+    buffer[o] = root
   return buffer
 
 
