@@ -43,7 +43,7 @@ from jax_symmem._src import variants as variants_lib
 from jax_symmem._src.errors import BudgetError, ShapeError, ShapeSpecError, SymmemError
 # The compile policy's constants, where callers have always found them.
 from jax_symmem._src.variants import (  # noqa: F401
-    CPU_COMPILER_OPTIONS, FAST_PATH_CPU_OPTIONS, FAST_PATH_MARGIN, GPU_COMPILER_OPTIONS,
+    CPU_COMPILER_OPTIONS, FAST_PATH_CPU_OPTIONS, GPU_COMPILER_OPTIONS,
     IMPOSE_MIN_BYTES, MAX_RECOMPILES)
 
 def resolve_budget(memory_budget) -> int | None:

@@ -37,13 +37,12 @@ CPU_COMPILER_OPTIONS = {
 SCHEDULER_OPTION = "xla_cpu_scheduler_type"
 GPU_COMPILER_OPTIONS: dict[str, str] = {}
 MAX_RECOMPILES = 3
-# Under a budget, a step whose modeled peak is at most 1/FAST_PATH_MARGIN of it
-# needs no remat and skips the memory-optimized scheduler (it costs step time); it
-# compiles as jax.jit would except for XNNPACK fusions, whose buffers memory_analysis()
-# does not see (F2) and which used more memory than the model: b=2, s=512 on the
-# bench transformer, 231.5 MiB real with them vs 192 modeled; 187.9 MiB XLA footprint
-# without them, at the same step time (0.251 vs 0.259 s; 0.093 vs 0.081 s at s=256).
-FAST_PATH_MARGIN = 2.0
+# Under a budget, round 0 (nothing recomputed) compiles as jax.jit would except for
+# XNNPACK fusions, whose buffers memory_analysis() does not see (F2), so its figure is
+# the truth the budget is checked against. The memory-optimized scheduler would cost
+# step time for next to no memory there (round 0 at s=256: scanned Llama 0.275 vs
+# 0.258 s, same 257.2 MiB XLA footprint; unrolled Llama 0.248 vs 0.240 s, 236.2 vs
+# 237.2 MiB; jax.jit 0.258 / 0.246 s).
 FAST_PATH_CPU_OPTIONS = {"xla_cpu_experimental_ynn_fusion_type": ""}
 IMPOSE_MIN_BYTES = 2**20
 
@@ -66,9 +65,8 @@ class CompilePolicy:
     """(compiler options, whether memory_analysis() may calibrate the model)."""
     if self.budget is None:
       return {}, False   # exactly as jax.jit; XNNPACK fusions may hide buffers (F2)
-    if k == 0 and FAST_PATH_MARGIN * analysis.round_peak(0, dims) + self.reserved <= self.budget:
-      # Calibration stays with the memory-option variants it is applied to.
-      return (dict(FAST_PATH_CPU_OPTIONS) if self.platform == "cpu" else {}), False
+    if k == 0 and self.platform == "cpu":
+      return dict(FAST_PATH_CPU_OPTIONS), True
     return round_options(analysis, k, self.platform), True
 
   def fits(self, footprint: int) -> bool:
