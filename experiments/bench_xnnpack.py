@@ -10,6 +10,7 @@ peaks do not, the fusions hold memory XLA's figure cannot see (F2), so a budget
 checked against it would not hold.
 
   python -m experiments.bench_xnnpack [--workload llama_scan] [--length 512] [--rounds 0,4,-1]
+      [--fusions off,default,dot]
 
 Writes experiments/results/bench_xnnpack.json (or --out).
 """
@@ -29,9 +30,14 @@ from experiments._common import MiB  # noqa: E402
 YNN_OFF = "xla_cpu_experimental_ynn_fusion_type"
 
 
-def measured(workload: str, length: int, k: int, xnnpack: bool):
+FUSION_TYPES = {"off": "", "default": None, "dot": "LIBRARY_FUSION_TYPE_DOT",
+                "individual_dot": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+
+
+def measured(workload: str, length: int, k: int, fusions: str):
   """(fn, args, extra) for jax_symmem.measure: round k (-1: the last) at `length`,
-  compiled with the budget's XLA options, XNNPACK fusions on or off."""
+  compiled with the XLA options symmem.jit compiles it with under a budget, but the XNNPACK fusions `fusions` (a key of
+  FUSION_TYPES: "off" is what the budget compiles with, "default" XLA's own choice)."""
   import jax
   from experiments import bench_models
   from jax_symmem._src import variants
@@ -40,8 +46,10 @@ def measured(workload: str, length: int, k: int, xnnpack: bool):
   k = len(analysis.rounds) - 1 if k < 0 else k
   args = (w.state(), *w.batch(length))
   flat = jax.tree_util.tree_leaves(args)
-  options = {o: v for o, v in variants.CPU_COMPILER_OPTIONS.items()
-             if not (xnnpack and o == YNN_OFF)}
+  options, _ = variants.CompilePolicy(budget=1).options_for(analysis, k, w.dims(length))
+  options = {o: v for o, v in options.items() if o != YNN_OFF}   # as symmem.jit, but fusions
+  if FUSION_TYPES[fusions] is not None:
+    options[YNN_OFF] = FUSION_TYPES[fusions]
   exe = jax.jit(variants.round_function(analysis, k, w.dims(length))).lower(*flat).compile(
       compiler_options=options)
   return (lambda *_: exe(*flat)), args, {"argument_bytes": _common.tree_bytes(args),
@@ -53,20 +61,24 @@ def main(argv=None) -> int:
   parser.add_argument("--workload", default="llama_scan")
   parser.add_argument("--length", type=int, default=512)
   parser.add_argument("--rounds", default="0,4,-1", help="rounds to compile (-1: the last)")
+  parser.add_argument("--fusions", default="off,default",
+                      help=f"comma-separated XNNPACK fusion settings among {sorted(FUSION_TYPES)}")
   parser.add_argument("--out", default=str(ROOT / "experiments" / "results" / "bench_xnnpack.json"))
   args = parser.parse_args(argv)
   rows = []
-  print(f"{args.workload} at length {args.length}: MiB, XNNPACK fusions off / on")
-  print(f"{'round':>5} {'XLA off':>9} {'XLA on':>9} {'real off':>9} {'real on':>9} {'on - off':>9}")
+  kinds = args.fusions.split(",")
+  print(f"{args.workload} at length {args.length}: MiB, XLA's footprint / real peak per XNNPACK "
+        f"fusion setting")
+  print(f"{'round':>5} " + " ".join(f"{k:>22}" for k in kinds))
   for k in (int(x) for x in args.rounds.split(",")):
-    off, on = (_common.real_peak("experiments.bench_xnnpack:measured", workload=args.workload,
-                                 length=args.length, k=k, xnnpack=x) for x in (False, True))
-    row = {"round": off["round"], "xla_off": off["xla"], "xla_on": on["xla"],
-           "real_off": off["real"], "real_on": on["real"]}
+    got = {f: _common.real_peak("experiments.bench_xnnpack:measured", workload=args.workload,
+                                length=args.length, k=k, fusions=f) for f in kinds}
+    row = {"round": got[kinds[0]]["round"]}
+    for f in kinds:
+      row[f"xla_{f}"], row[f"real_{f}"] = got[f]["xla"], got[f]["real"]
     rows.append(row)
-    print(f"{row['round']:>5} {off['xla'] / MiB:>9.1f} {on['xla'] / MiB:>9.1f} "
-          f"{off['real'] / MiB:>9.1f} {on['real'] / MiB:>9.1f} "
-          f"{(on['real'] - off['real']) / MiB:>+9.1f}", flush=True)
+    print(f"{row['round']:>5} " + " ".join(
+        f"{got[f]['xla'] / MiB:>10.1f} / {got[f]['real'] / MiB:>9.1f}" for f in kinds), flush=True)
   print(f"wrote {_common.write_results(args.out, {'workload': args.workload, 'length': args.length, 'rows': rows})}")
   return 0
 
