@@ -101,12 +101,12 @@ def test_processes_dispatch_the_same_variants_and_match_jax_jit(layout):
     # The local readings differ (process 1 holds more); both use the larger one.
     assert c1["local_reserved"] > c0["local_reserved"]
     assert c0["reserved"] == c1["reserved"] == c1["local_reserved"]
-  # Call 1: process 0's own reading would have taken the fast path (jax.jit's options);
-  # the agreed one compiled the memory-saving options. Calls 2-3: process 0 alone would
-  # dispatch round 0 (its predicted peak fits); the agreed reading needs a later round.
+  # Call 1: round 0 fits either reading; it compiles as jax.jit would less XNNPACK
+  # fusions (not the memory-saving options). Calls 2-3: process 0 alone would dispatch
+  # round 0 (its predicted peak fits); the agreed reading needs a later round.
   first, later = p0["calls"][0], p0["calls"][1:]
-  assert first["budget"] - first["local_reserved"] >= 2 * first["model_round0"]
-  assert p0["variants"][-1][:3] == [16, 64, 0] and p0["variants"][-1][4]
+  assert first["round"] == 0
+  assert p0["variants"][-1][:3] == [16, 64, 0] and not p0["variants"][-1][4]
   for c in later:
     assert c["budget"] - c["local_reserved"] >= 1.2 * c["round0_predicted"]
     assert c["round"] > 0
