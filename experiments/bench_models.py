@@ -235,6 +235,7 @@ def run_workload(w: Workload, passes: int) -> dict:
     if jit_real["real"] <= budget:
       fns["jit"] = ref
     times = _time(fns, args, passes)
+    timed = dict(step.last_call)   # the round this process ran (its live arrays count)
     # Numerics against jax.jit compiled with the XLA options of the variant that ran: the
     # memory-saving options change reduction order, and AdamW amplifies that on tiny
     # gradients (DESIGN.md; tests/test_loop_remat.py does the same).
@@ -248,7 +249,8 @@ def run_workload(w: Workload, passes: int) -> dict:
         "within_budget": sym_real["real"] <= _common.budget_limit(budget),
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
-        "step_s": times, "equal_to_jax_jit": same})
+        "step_s": times, "equal_to_jax_jit": same,
+        "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB})
     vs_jit = f"{row['time_vs_jit']:.2f}" if row["time_vs_jit"] else "(jax.jit over)"
     print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB "
           f"(memory-optimized scheduler {xla0_memopt / MiB:.1f}) "
@@ -256,7 +258,8 @@ def run_workload(w: Workload, passes: int) -> dict:
           f"per-layer {row['per_layer_real_mib']:.1f}, last round {row['last_round_real_mib']:.1f} "
           f"(reach {row['reach']:.2f}), symmem {row['symmem_real_mib']:.1f} round "
           f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "
-          f"{row['symmem_compiles']}; time vs per-layer {row['time_vs_per_layer']:.2f}, vs "
+          f"{row['symmem_compiles']}; timed round {row['timed_round']} (other live arrays "
+          f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f}, vs "
           f"jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
   return {"workload": w.name, "plan_s": plan_s, "rounds": len(analysis.rounds) - 1,
           "budget_mib": budget / MiB, "rows": rows}
