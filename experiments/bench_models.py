@@ -153,7 +153,7 @@ def _analysis(w: Workload):
 def _compile_round(analysis, k, dims, args, options=None):
   """Round k at dims, compiled as symmem.jit compiles it under a budget (or with `options`)."""
   if options is None:
-    options, _ = variants.CompilePolicy(budget=1).options_for(analysis, k, dims)
+    options = variants.round_options(analysis, k)
   exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=options)
   return exe, k

@@ -46,8 +46,8 @@ def measured(workload: str, length: int, k: int, fusions: str):
   k = len(analysis.rounds) - 1 if k < 0 else k
   args = (w.state(), *w.batch(length))
   flat = jax.tree_util.tree_leaves(args)
-  options, _ = variants.CompilePolicy(budget=1).options_for(analysis, k, w.dims(length))
-  options = {o: v for o, v in options.items() if o != YNN_OFF}   # as symmem.jit, but fusions
+  options = {o: v for o, v in variants.round_options(analysis, k).items()
+             if o != YNN_OFF}   # as symmem.jit compiles the round, but for the fusions
   if FUSION_TYPES[fusions] is not None:
     options[YNN_OFF] = FUSION_TYPES[fusions]
   exe = jax.jit(variants.round_function(analysis, k, w.dims(length))).lower(*flat).compile(

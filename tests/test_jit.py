@@ -241,7 +241,7 @@ def test_fenced_rounds_compile_with_xla_default_scheduler():
   # The memory-optimized scheduler moves fenced recomputation back up (variants.py).
   from jax_symmem._src import variants
   a = _budgeted_step(None).analyze(*transformer.example_args(CFG, 2, 8))
-  assert variants.round_options(a, 0) == variants.CPU_COMPILER_OPTIONS
+  assert variants.round_options(a, 0) == variants.FAST_PATH_CPU_OPTIONS   # nothing recomputed
   k = next(k for k, r in enumerate(a.rounds) if r.blocks)
   options = variants.round_options(a, k)
   assert variants.SCHEDULER_OPTION not in options

@@ -64,7 +64,7 @@ def buffers(program: Program) -> dict[int, int]:
   buffer: dict[int, int] = {v: v for v in program.inputs}
   parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
-    aliases = aliased_operands(node) if node.name in ALIAS_RULES else {}
+    aliases = aliased_operands(node)
     for k, o in enumerate(node.outputs):
       buffer[o] = o
       if k in aliases:

@@ -61,12 +61,10 @@ class CompilePolicy:
   def memory_options(self) -> Mapping[str, str]:
     return CPU_COMPILER_OPTIONS if self.platform == "cpu" else GPU_COMPILER_OPTIONS
 
-  def options_for(self, analysis, k: int, dims) -> tuple[dict, bool]:
+  def options_for(self, analysis, k: int) -> tuple[dict, bool]:
     """(compiler options, whether memory_analysis() may calibrate the model)."""
     if self.budget is None:
       return {}, False   # exactly as jax.jit; XNNPACK fusions may hide buffers (F2)
-    if k == 0 and self.platform == "cpu":
-      return dict(FAST_PATH_CPU_OPTIONS), True
     return round_options(analysis, k, self.platform), True
 
   def fits(self, footprint: int) -> bool:
@@ -93,9 +91,11 @@ def fenced_recomputation(analysis, k: int) -> bool:
 
 
 def round_options(analysis, k: int, platform: str = "cpu") -> dict:
-  """The memory-saving XLA options round k compiles with under a budget."""
+  """The XLA options round k compiles with under a budget."""
   if platform != "cpu":
     return dict(GPU_COMPILER_OPTIONS)
+  if k == 0:
+    return dict(FAST_PATH_CPU_OPTIONS)
   options = dict(CPU_COMPILER_OPTIONS)
   if fenced_recomputation(analysis, k):
     del options[SCHEDULER_OPTION]   # the default scheduler keeps the fences' order
@@ -151,7 +151,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   last = len(analysis.rounds) - 1
   compiled: list[Variant] = []
   while True:
-    options, truthful = policy.options_for(analysis, k, dims)
+    options, truthful = policy.options_for(analysis, k)
     fn, options = _runner(analysis, k, dims, env, policy, options)
     exe = lower(fn, options)
     size = policy.agree(footprint(exe))   # the same branch in every process
