@@ -121,7 +121,7 @@ def _check_jit_matches_jax_jit(ops, shapes, budgeted):
         # Refused only once XLA reported the planner's last round over the budget too.
         assert budget is not None and "the planner's last" in str(e), str(e)
         continue
-      ran.add(tuple(dims.items()))
+      ran.add(tuple(sorted(dims.items())))   # a shape, whatever its key order
       # The reference: jax.jit compiled with the XLA options of the variant that ran
       # (the memory-saving ones change reduction order).
       (variant,) = [v for v in step.compiled(**dims) if v.round == step.last_call["round"]]
