@@ -75,6 +75,21 @@ def _llama(scan: bool, annotated: bool = False) -> Workload:
       (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
 
 
+def _llama_accum() -> Workload:
+  # Gradient accumulation: the step scans over m = 2 microbatches of 2 sequences (the
+  # same 4 sequences per update as the other workloads); per-layer checkpointing is
+  # nn.remat on each layer inside the microbatch's forward pass.
+  from jax_symmem.examples import llama
+  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  def batch(s):
+    return tuple(x.reshape(2, 2, s) for x in llama.example_batch(cfg, 4, s))
+  return Workload(
+      "llama_accum", lambda policy: llama.accumulating_train_step_fn(llama.Llama(cfg, policy)),
+      lambda: llama.init_state(cfg), batch, lambda s: {"m": 2, "b": 2, "s": s},
+      (None, "m, b, s", "m, b, s"), llama.step_constraints(512, 4) + ("m <= 4",),
+      (128, 256, 512))
+
+
 def _gpt2() -> Workload:
   from jax_symmem.examples import gpt2, llama
   cfg = gpt2.GPT2Config(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512)
@@ -111,7 +126,7 @@ def _t5() -> Workload:
 WORKLOADS = {
     "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
     "llama_scan_remat": lambda: _llama(True, annotated=True), "nnx_scan": _nnx_scan,
-    "gpt2": _gpt2, "t5": _t5,
+    "gpt2": _gpt2, "t5": _t5, "llama_accum": _llama_accum,
 }
 
 

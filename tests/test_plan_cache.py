@@ -14,6 +14,7 @@ import pytest
 
 import jax_symmem
 from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src import body_remat
 from jax_symmem._src import loop_remat
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
@@ -60,6 +61,8 @@ def _files(d):
 
 
 def _item_key(r):
+  if isinstance(r, body_remat.BodyEviction):
+    return ("body", r.node, str(r.trips), _item_key(r.item))
   if isinstance(r, loop_remat.LoopEviction):
     return ("loop", r.forward, r.output, r.value, str(r.saved), str(r.cost))
   return ("region", r.value, r.consumer, r.nodes, r.anchors, str(r.saved), str(r.cost))

@@ -4,8 +4,8 @@ Planning a step (schedule candidates, remat rounds) costs seconds to minutes;
 tracing it costs well under a second and is deterministic. So what is stored is
 the *decisions*, never jaxprs or `Analysis` objects: the schedule (its main
 order and every candidate order, which `Schedule.order_for` picks from per
-shape), each round's chosen items (flat `remat.Region`s and
-`loop_remat.LoopEviction`s) and the statistics. Loading re-traces the step and
+shape), each round's chosen items (flat `remat.Region`s,
+`loop_remat.LoopEviction`s and `body_remat.BodyEviction`s) and the statistics. Loading re-traces the step and
 replays the rounds by applying the same items (`remat.ReplayedRounds`, the code
 that planning itself applies rounds with), skipping every search.
 
@@ -36,13 +36,14 @@ from typing import Any, Mapping, Sequence
 
 from absl import logging
 
+from jax_symmem._src import body_remat
 from jax_symmem._src import loop_remat
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
 FORMAT = "jax_symmem plan"
-FORMAT_VERSION = 3   # 3: a checksum; 2: regions bounded by FLOPs, one fence per consumer
+FORMAT_VERSION = 4   # 4: regions inside scan bodies; 3: a checksum; 2: regions bounded by FLOPs, one fence per consumer
 ENV_VAR = "JAX_SYMMEM_PLAN_CACHE"
 
 
@@ -121,6 +122,9 @@ def _atom_from_json(data):
 
 
 def _item_to_json(r) -> dict:
+  if isinstance(r, body_remat.BodyEviction):
+    return {"kind": "body", "node": r.node, "trips": poly_to_json(r.trips),
+            "item": _item_to_json(r.item)}
   if isinstance(r, loop_remat.LoopEviction):
     return {"kind": "loop", "forward": r.forward, "output": r.output, "value": r.value,
             "saved": poly_to_json(r.saved), "cost": poly_to_json(r.cost), "source": r.source}
@@ -135,6 +139,11 @@ def _item_from_json(d: Mapping):
     return loop_remat.LoopEviction(int(d["forward"]), int(d["output"]), int(d["value"]),
                                    poly_from_json(d["saved"]), poly_from_json(d["cost"]),
                                    str(d["source"]))
+  if d["kind"] == "body":
+    item = _item_from_json(d["item"])
+    if not isinstance(item, remat.Region):
+      raise ValueError("a scan body's eviction must be a region")
+    return body_remat.BodyEviction(int(d["node"]), item, poly_from_json(d["trips"]))
   if d["kind"] == "region":
     return remat.Region(int(d["value"]), int(d["consumer"]), ints(d["nodes"]),
                         ints(d["anchors"]), poly_from_json(d["saved"]),

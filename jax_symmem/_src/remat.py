@@ -32,6 +32,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from jax import lax
 import numpy as np
 
+from jax_symmem._src import body_remat
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
@@ -98,7 +99,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
          shape_of_interest: Mapping[str, int] | None = None,
          min_fraction: float = 0.002, donated: Iterable[int] = (),
          loops: Mapping[int, "loop_remat.LoopState"] | None = None,
-         node_flops: "NodeFlops | None" = None) -> RematPlan:
+         node_flops: "NodeFlops | None" = None, descend: bool = True) -> RematPlan:
   """Finds eviction candidates across the peak and their regeneration subgraphs.
 
   Args:
@@ -112,6 +113,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       of one `plan_rounds` (default: a fresh cache).
     loops: scan pairs (`loop_remat.scan_pairs`) whose stacked residuals are also
       candidates (`loop_remat.LoopEviction`), ranked with the regions.
+    descend: where the peak is inside the body of a scan that is not such a pair
+      (gradient accumulation), plan that body too (`body_remat.BodyEviction`s).
   """
   program = graph.traced.program if program is None else program
   order = tuple(order)
@@ -178,8 +181,14 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
                               min_fraction * peak)
+  counts = DecisionCounts()
+  if descend and order:
+    inner, counts = _body_candidates(graph, program, order[peak_pos], tight, env, loops or {},
+                                     node_flops)
+    regions += inner
   decider = Decider(graph.constraints, env)
-  return RematPlan(tuple(_rank(regions, decider)), order, peak_pos, decider.counts,
+  ranked = tuple(_rank(regions, decider))
+  return RematPlan(ranked, order, peak_pos, counts + decider.counts,
                    fractions.Fraction(step, max(evictable, 1)))
 
 
@@ -229,6 +238,20 @@ def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes)
     if graph.bytes(e.value).evaluate(env) >= min_bytes:
       out.append(e)
   return out
+
+
+def _body_candidates(graph, program, index, tight, env, loops, node_flops):
+  """The regions of the body of the scan at node `index` as `BodyEviction`s, where
+  the peak step is that scan and its body's working set is part of the peak."""
+  node = program.nodes[index]
+  paired = {i for s in loops.values() for i in (s.forward.index, s.backward.index)}
+  if not body_remat.plannable(node, paired) or memory.transient(graph, node).evaluate(env) <= 0:
+    return [], DecisionCounts()
+  body = node.subprograms[0]
+  inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
+               node_flops=node_flops, descend=False)
+  trips = body_remat.trips(node)
+  return [body_remat.BodyEviction(index, r, trips) for r in inner.regions], inner.counts
 
 
 def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
@@ -485,11 +508,19 @@ def first_round(graph: ShapeGraph, order: Sequence[int]) -> Round:
                loop_remat.scan_pairs(graph.traced.program))
 
 
-def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction]) -> Round:
+def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction |
+                                              body_remat.BodyEviction]) -> Round:
   """The round after `last` that evicts `chosen`: scan residuals are rewritten into
-  their loop pair (`loop_remat.rewrite`), flat regions applied (`apply_regions`).
+  their loop pair (`loop_remat.rewrite`), regions of a scan body applied to the body
+  and the scan rebuilt (`body_remat.rebuild`), flat regions applied (`apply_regions`).
   Planning and replaying a stored plan (plan_cache.py) both build rounds here."""
   program, loops = last.program, dict(last.loops)
+  inside = [r for r in chosen if isinstance(r, body_remat.BodyEviction)]
+  for index in sorted({r.node for r in inside}):
+    body = program.nodes[index].subprograms[0]
+    new_body, body_order, _ = apply_regions(
+        body, range(len(body.nodes)), [r.item for r in inside if r.node == index])
+    program = body_remat.rebuild(program, index, new_body, body_order)
   evictions = [r for r in chosen if isinstance(r, loop_remat.LoopEviction)]
   for fi in sorted({r.forward for r in evictions}):
     evicted = loops[fi].evicted | {r.output for r in evictions if r.forward == fi}

@@ -308,6 +308,30 @@ def train_step_fn(model: nn.Module, *, learning_rate: float = 1e-3) -> Callable:
   return adamw_train_step(loss_fn, learning_rate=learning_rate)
 
 
+def accumulating_train_step_fn(model: nn.Module, *, learning_rate: float = 1e-3) -> Callable:
+  """The pure `(state, tokens, mask) -> (state, loss)` AdamW step with gradient
+  accumulation: tokens and mask are (m, b, s), m microbatches of b sequences, and a
+  `lax.scan` over them averages the gradients before one update (the microbatches'
+  activations are live one at a time)."""
+  tx = make_optimizer(learning_rate)
+
+  def loss_fn(params, tokens, mask):
+    return next_token_loss(model.apply({"params": params}, tokens), tokens, mask)
+
+  def train_step(state, tokens, mask):
+    params = state["params"]
+    def microbatch(grads, batch):
+      loss, g = jax.value_and_grad(loss_fn)(params, *batch)
+      return jax.tree.map(jnp.add, grads, g), loss
+    grads, losses = jax.lax.scan(microbatch, jax.tree.map(jnp.zeros_like, params),
+                                 (tokens, mask))
+    grads = jax.tree.map(lambda g: g / tokens.shape[0], grads)
+    updates, opt_state = tx.update(grads, state["opt_state"], params)
+    return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}, losses.mean()
+
+  return train_step
+
+
 def make_train_step(cfg: LlamaConfig, *, learning_rate: float = 1e-3,
                     remat_policy: str | None = None, scan_layers: bool = False,
                     use_symmem: bool = False, memory_budget=None, max_len: int | None = None,

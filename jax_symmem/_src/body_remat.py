@@ -1,0 +1,126 @@
+"""Rematerialization inside a scan body that holds a whole forward and backward pass.
+
+Gradient accumulation scans over microbatches: each iteration runs the model's
+forward and backward pass (`value_and_grad` inside the body) and adds the gradients
+to the carry. The step's peak is then inside that body (one microbatch's activations,
+`memory.transients`), where the top-level planner finds nothing to evict: a scan is
+one node, and its body is not a forward/backward scan pair (`loop_remat`).
+
+So the flat planner also runs on the body itself, in the body's order, when the peak
+step is such a scan (`remat.plan`); each region it finds there becomes a
+`BodyEviction` of the scan, ranked with the top-level candidates by FLOPs (times the
+trip count: the recomputation runs every iteration) per byte saved. Applying them
+rewrites the body with the same fences and clones as at the top level
+(`remat.apply_regions`) and rebuilds the scan around it (`rebuild`), so the
+recomputation runs inside the loop. The next round plans on the rebuilt body.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+from jax import lax
+
+from jax_symmem._src import interpret
+from jax_symmem._src import jax_dims
+from jax_symmem._src import loop_remat
+from jax_symmem._src import tracing
+from jax_symmem._src.flops import at_dims
+from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.poly import Poly
+from jax_symmem._src.shape_graph import ShapeGraph
+
+
+@dataclasses.dataclass(frozen=True)
+class BodyEviction:
+  """A flat region (`remat.Region`) of the body of the scan at node `node`."""
+  node: int          # node index of the scan: the same in every round
+  item: Any          # the region, in the body as it stands in the round it was planned on
+  trips: Poly        # the scan's length: the regeneration runs once per iteration
+
+  # Value ids are unique across a program tree, so `remat.compatible` can compare a
+  # body region's value and anchors with the top-level ones as they are.
+  @property
+  def value(self) -> int:
+    return self.item.value
+
+  @property
+  def anchors(self) -> tuple[int, ...]:
+    return self.item.anchors
+
+  @property
+  def saved(self) -> Poly:
+    return self.item.saved
+
+  @property
+  def cost(self) -> Poly:
+    return self.item.cost * self.trips
+
+  @property
+  def source(self) -> str:
+    return self.item.source
+
+  def describe(self, graph: ShapeGraph, **dims: int) -> str:
+    info = graph.values[self.value]
+    where = self.source.rsplit("/", 1)[-1] or "(no user source line)"
+    return (f"evict {info.shape_str()} from {where} inside a scan body (each of its "
+            f"{self.trips} iterations): saves {self.saved} B, recompute "
+            f"{len(self.item.nodes)} op(s) = {self.cost} FLOPs"
+            + at_dims(graph, self.saved, self.cost, dims))
+
+
+def plannable(node: Node, paired: set[int]) -> bool:
+  """Whether the body of `node` is planned as a flat program: a scan that is not half
+  of a forward/backward pair (those are `loop_remat`'s)."""
+  return node.name == "scan" and node.index not in paired and len(node.subprograms) == 1
+
+
+def trips(node: Node) -> Poly:
+  return jax_dims.to_poly(node.params["length"])
+
+
+def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -> Program:
+  """`program` with the scan at node `index` running `body` (a rewrite of its body with
+  the same inputs and outputs) in `order`. The node keeps its index and output ids;
+  its new body is re-traced with value ids above every id in `program`."""
+  node = program.nodes[index]
+  p = node.params
+  n_consts, n_carry = p["num_consts"], p["num_carry"]
+
+  def scan_fn(*operands):
+    consts, init, xs = (operands[:n_consts], operands[n_consts:n_consts + n_carry],
+                        operands[n_consts + n_carry:])
+    def step(carry, x):
+      outs = interpret.run(body, [*consts, *carry, *x], order)
+      return outs[:n_carry], outs[n_carry:]
+    # The length comes from the scanned operands where there are any: lax.scan wants
+    # an int, and a loop over a dynamic dim (microbatches "m") has a symbolic one.
+    carry, ys = lax.scan(step, list(init), list(xs), length=None if xs else p["length"],
+                         reverse=p["reverse"], unroll=p["unroll"])
+    return [*carry, *ys]
+
+  avals = [x.aval if isinstance(x, Const) else program.avals[x] for x in node.inputs]
+  new, sub = tracing.node_from_function(scan_fn, avals, program.max_id() + 1)
+  new = _with_sources(new, [body.nodes[i] for i in order])
+  new, forwarded = loop_remat._rebind(new, sub, list(node.inputs), list(node.outputs), index)
+  rename = lambda x: x if isinstance(x, Const) else forwarded.get(x, x)
+  nodes = [new if i == index else
+           dataclasses.replace(n, inputs=tuple(rename(x) for x in n.inputs)) if forwarded
+           else n for i, n in enumerate(program.nodes)]
+  all_avals = dict(program.avals)
+  for v, o in zip(node.outputs, sub.outputs):
+    if not isinstance(o, Const):
+      all_avals[v] = sub.avals[o]
+  return Program(program.inputs, tuple(nodes), tuple(rename(x) for x in program.outputs),
+                 all_avals)
+
+
+def _with_sources(node: Node, ran: Sequence[Node]) -> Node:
+  """The re-traced scan with its body's nodes citing the source lines of the nodes they
+  ran (re-tracing binds them from here); unchanged where the two do not line up."""
+  (new_body,) = node.subprograms
+  if [n.name for n in new_body.nodes] != [n.name for n in ran]:
+    return node
+  nodes = tuple(dataclasses.replace(n, source=r.source) for n, r in zip(new_body.nodes, ran))
+  return dataclasses.replace(node, subprograms=(dataclasses.replace(new_body, nodes=nodes),))

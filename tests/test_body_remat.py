@@ -1,0 +1,156 @@
+"""Rematerialization inside a scan body that holds a whole forward and backward pass
+(gradient accumulation over microbatches): planned, rewritten, exact, replayable."""
+
+import chex
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src import body_remat
+from jax_symmem._src import executor
+from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import memory
+from jax_symmem._src import tracing
+from jax_symmem._src import variants
+from tests import test_plan_cache
+
+D, V = 16, 32
+SHAPES = (None, "m, b, s", "m, b, s")
+CONSTRAINTS = ("m <= 4", "b <= 4", "s >= 2", "s <= 64")
+
+
+def _loss(attention):
+  def loss(p, tokens, mask):
+    x = p["embed"][tokens]
+    for w1, w2 in p["layers"]:
+      x = x + jax.nn.gelu(x @ w1) @ w2
+      if attention:   # a (b, s, s) value: the body's peak moves with s
+        a = jax.nn.softmax(jnp.einsum("bsd,btd->bst", x, x) / 4.0, axis=-1)
+        x = x + jnp.einsum("bst,btd->bsd", a, x)
+    logp = jax.nn.log_softmax(x @ p["embed"].T)
+    nll = -jnp.take_along_axis(logp, tokens[..., None], -1)[..., 0]
+    return (nll * mask).sum() / jnp.maximum(mask.sum(), 1.0)
+  return loss
+
+
+def _step(attention):
+  """SGD on gradients accumulated over the microbatches: a scan whose body runs
+  value_and_grad, as gradient-accumulation code writes it."""
+  loss = _loss(attention)
+  def step(params, tokens, mask):   # tokens, mask: (m, b, s)
+    def body(grads, batch):
+      value, g = jax.value_and_grad(loss)(params, *batch)
+      return jax.tree.map(jnp.add, grads, g), value
+    grads, losses = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), (tokens, mask))
+    return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads), losses.mean()
+  return step
+
+
+def _params(layers=2, seed=0):
+  rng = np.random.RandomState(seed)
+  w = lambda *shape: jnp.asarray(rng.randn(*shape).astype(np.float32) / np.sqrt(shape[0]))
+  return {"embed": w(V, D), "layers": [(w(D, 4 * D), w(4 * D, D)) for _ in range(layers)]}
+
+
+def _batch(m, b, s, seed=1):
+  rng = np.random.RandomState(seed)
+  tokens = jnp.asarray(rng.randint(0, V, (m, b, s)), jnp.int32)
+  mask = jnp.asarray((rng.rand(m, b, s) > 0.2).astype(np.float32))
+  return tokens, mask
+
+
+def _analyze(attention, **kwargs):
+  return symmem.analyze(_step(attention), _params(), *_batch(2, 2, 8),
+                        polymorphic_shapes=SHAPES, constraints=CONSTRAINTS, **kwargs)
+
+
+def _body_evictions(analysis):
+  return [r for rnd in analysis.rounds for r in rnd.regions
+          if isinstance(r, body_remat.BodyEviction)]
+
+
+def _run_round(analysis, k, dims, args):
+  out = jax.jit(variants.round_function(analysis, k, dims))(*jax.tree_util.tree_leaves(args))
+  return jax.tree_util.tree_unflatten(analysis.traced.out_tree, list(out))
+
+
+@pytest.mark.parametrize("attention", [False, True])
+def test_every_round_of_a_gradient_accumulation_step_computes_what_jax_jit_does(attention):
+  analysis = _analyze(attention)
+  evictions = _body_evictions(analysis)
+  assert evictions, "the body's activations must be eviction candidates"
+  scans = {e.node for e in evictions}
+  assert all(analysis.rounds[0].program.nodes[i].name == "scan" for i in scans)
+  dims = {"m": 3, "b": 4, "s": 64}
+  env = analysis.graph.constraints.complete(dims)
+  assert all(e.cost == e.item.cost * e.trips for e in evictions)
+  assert all(e.trips.evaluate(env) == 3 for e in evictions)   # the scan runs over m
+  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  assert peaks[-1] < 0.8 * peaks[0], peaks
+  args = (_params(seed=2), *_batch(3, 4, 64, seed=3))
+  ref = jax.jit(_step(attention))(*args)
+  for k in range(len(analysis.rounds)):
+    chex.assert_trees_all_close(_run_round(analysis, k, dims, args), ref, rtol=2e-5, atol=1e-6)
+
+
+def test_regenerations_run_inside_the_scan_behind_fences():
+  analysis = _analyze(True)
+  last = analysis.rounds[-1]
+  (index,) = {e.node for e in _body_evictions(analysis)}
+  body = last.program.nodes[index].subprograms[0]
+  names = [n.name for n in body.nodes]
+  assert "optimization_barrier" in names
+  assert any(n.source.endswith("[recomputed]") for n in body.nodes)
+  # The re-traced body still cites the user's source lines.
+  assert any("test_body_remat.py" in n.source for n in body.nodes)
+  assert len(last.program.nodes) == len(analysis.rounds[0].program.nodes)
+
+
+def test_model_of_body_rounds_equals_running_the_body_op_by_op():
+  analysis = _analyze(True)
+  dims = {"m": 2, "b": 2, "s": 16}
+  env = analysis.graph.constraints.complete(dims)
+  flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves((_params(), *_batch(2, 2, 16)))]
+  for k in (0, len(analysis.rounds) - 1):
+    r = analysis.rounds[k]
+    order = analysis.round_order(k, dims)
+    program = tracing.specialize_program(r.program, env)
+    _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
+    assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, k
+
+
+def test_body_rounds_replay_from_a_plan_file(tmp_path):
+  def analyze():
+    return analysis_lib.analyze_function(
+        _step(True), _params(), *_batch(2, 2, 8), polymorphic_shapes=SHAPES,
+        constraints=CONSTRAINTS, plan_cache_dir=str(tmp_path))
+  cold, warm = analyze(), analyze()
+  assert cold.origin == "planned" and warm.origin != "planned"
+  assert _body_evictions(cold)
+  test_plan_cache._assert_same_plan(cold, warm, dims=({"m": 2, "b": 4, "s": 64},))
+  assert warm.plan == cold.plan
+
+
+def test_symmem_jit_fits_a_budget_with_body_rounds_and_matches_jax_jit():
+  step_fn = _step(True)
+  analysis = _analyze(True)
+  dims = {"m": 2, "b": 4, "s": 64}
+  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  step = symmem.jit(step_fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
+                    memory_budget=(peaks[0] + peaks[-1]) // 2)
+  params = _params()
+  for m, s in ((2, 8), (2, 64)):
+    batch = _batch(m, 4, s, seed=s)
+    out = step(params, *batch)
+    assert step.last_call["xla_bytes"] <= step.last_call["budget"]
+    (variant,) = [v for v in step.variants() if v["dims"] == {"m": m, "b": 4, "s": s}]
+    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
+               else jit_lib.FAST_PATH_CPU_OPTIONS)
+    expected = jax.jit(step_fn).lower(params, *batch).compile(compiler_options=options)(
+        params, *batch)
+    chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)
+    del out, expected
+  assert step.last_call["round"] > 0   # the long microbatches needed the body's rounds
