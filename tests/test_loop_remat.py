@@ -193,3 +193,40 @@ def test_renaming_a_backward_operand_leaves_the_forward_reading_the_original():
   renamed = state.renamed(program, after)
   assert shared[0] in renamed.forward_operands and copy not in renamed.forward_operands
   assert copy in renamed.backward_operands and shared[0] not in renamed.backward_operands
+
+
+def _fori_loss(w, x):
+  """A differentiated fori_loop: its counter's carry starts at a literal 0."""
+  def body(i, acc):
+    chunk = jax.lax.dynamic_slice_in_dim(w, i * 8, 8, axis=1)
+    return acc + jnp.sum(jnp.tanh(x @ chunk) ** 2)
+  return jax.lax.fori_loop(0, 4, body, jnp.float32(0))
+
+
+def _scan_over_rows_loss(w, x):
+  """A differentiated scan over a dynamic dim (the rows of x: "n"), from a Python-scalar
+  initial carry."""
+  def body(acc, row):
+    return acc + jnp.sum(jnp.tanh(row @ w) ** 2), jnp.sin(row @ w)
+  total, ys = jax.lax.scan(body, 0.0, x)
+  return total + jnp.sum(ys)
+
+
+@pytest.mark.parametrize("loss, spec, shape", [
+    (_fori_loss, "b, s, 8", (2, 16, 8)), (_scan_over_rows_loss, "n, 8", (12, 8))])
+def test_scans_with_literal_carries_or_a_symbolic_length_plan_and_match_jax_jit(
+    loss, spec, shape):
+  def step(w, x):
+    value, g = jax.value_and_grad(loss)(w, x)
+    return w - 0.1 * g, value
+  w = jnp.asarray(np.random.RandomState(0).randn(8, 32).astype(np.float32) / 4)
+  x = jnp.asarray(np.random.RandomState(1).randn(*shape).astype(np.float32))
+  analysis = symmem.analyze(step, w, x, polymorphic_shapes=(None, spec),
+                            constraints=("s <= 64", "b <= 4") if "s" in spec else ("n <= 64",))
+  assert _loop_evictions(analysis)   # the loop's residuals were candidates and evicted
+  ref = jax.jit(step)(w, x)
+  dims = dict(zip([d.strip() for d in spec.split(",")], shape))
+  dims.pop("8")
+  for k in range(len(analysis.rounds)):
+    chex.assert_trees_all_close(_run_round(analysis, k, dims, (w, x)), ref, rtol=2e-5,
+                                atol=1e-6)

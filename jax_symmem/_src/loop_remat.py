@@ -29,6 +29,7 @@ from typing import Mapping, Sequence
 from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops
+from jax_symmem._src import jax_dims
 from jax_symmem._src import tracing
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -198,7 +199,11 @@ def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
 def _cost(graph: ShapeGraph, state: LoopState, replay: _Replay) -> Poly:
   body = _body(state.forward)
   per_iteration = sum((flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
-  return state.forward.params["length"] * per_iteration
+  return _length(state.forward) * per_iteration
+
+
+def _length(scan: Node) -> Poly:
+  return jax_dims.to_poly(scan.params["length"])
 
 
 def _replayable(state: LoopState, replay: _Replay) -> bool:
@@ -223,9 +228,12 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
       replay = _replay(state, state.evicted | {j})
       if not _replayable(state, replay):
         continue
-      extra = sum((graph.bytes(f.inputs[f.params["num_consts"] + c])
+      # A carry stacked for the regeneration: its bytes are the body's carry input's
+      # (the scan's operand may be a literal, e.g. a fori_loop's counter starting at 0).
+      body = _body(f)
+      extra = sum((graph.bytes(body.inputs[f.params["num_consts"] + c])
                    for c in replay.carries - base_carries if c not in replay.stacked), ZERO)
-      saved = graph.bytes(f.outputs[j]) - f.params["length"] * extra
+      saved = graph.bytes(f.outputs[j]) - _length(f) * extra
       if saved.evaluate(env) <= 0:
         continue
       out.append(LoopEviction(fi, j, f.outputs[j], saved,
@@ -274,7 +282,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
       outs = tracing.eval_jaxpr(f_jaxpr.jaxpr, f_jaxpr.consts, [*consts, *carry, *x],
                                 wanted=kept_outputs)
       return outs[:f_ncarry], outs[f_ncarry:] + [carry[c] for c in new_carries]
-    carry, ys = lax.scan(body, init, xs, length=length, reverse=fp["reverse"],
+    carry, ys = lax.scan(body, init, xs, length=None if xs else length, reverse=fp["reverse"],
                          unroll=fp["unroll"])
     return [*carry, *ys]
 
@@ -322,7 +330,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
       b_xs = [slices[k] for k in range(b_nc + b_ncarry, len(b.inputs))]
       outs = tracing.eval_jaxpr(b_jaxpr.jaxpr, b_jaxpr.consts, [*b_consts, *carry, *b_xs])
       return outs[:b_ncarry], outs[b_ncarry:]
-    carry, ys = lax.scan(body, init, xs, length=length, reverse=bp["reverse"],
+    carry, ys = lax.scan(body, init, xs, length=None if xs else length, reverse=bp["reverse"],
                          unroll=bp["unroll"])
     return [*carry, *ys]
 
