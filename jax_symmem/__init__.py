@@ -24,6 +24,7 @@ from jax_symmem._src.curves import memory_curves
 from jax_symmem._src.curves import sweep
 from jax_symmem._src.errors import BudgetError
 from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.errors import PlanningError
 from jax_symmem._src.errors import ShapeError
 from jax_symmem._src.errors import ShapeSpecError
 from jax_symmem._src.errors import SymmemError
@@ -73,7 +74,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Analysis", "BudgetError", "SymmemFunction", "analyze", "jit",
     "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
-    "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
+    "PlanningError", "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
     "MemoryCurves", "memory_curves", "memory_report", "shape_graph", "shape_report", "sweep",
     "symbolic", "trace",
 ]

@@ -85,3 +85,65 @@ def test_symmem_jit_skips_the_annotation_where_memory_allows():
     if s == 8:
       assert step.last_call["round"] == 0   # no recomputation for the short batch
   assert step.last_call["round"] > 0 and step.last_call["xla_bytes"] <= step.last_call["budget"]
+
+
+def test_checkpoint_barriers_keep_the_step_as_written_off_the_memory_optimized_scheduler():
+  # jax.checkpoint fences a recomputation it differentiates with an optimization barrier
+  # on its operands when JAX lowers it; inlining a region keeps that barrier (at the top
+  # level for unrolled layers, in the scan body for nn.scan), and a round holding
+  # barriers compiles with XLA's default scheduler, which keeps them (variants.py).
+  from jax_symmem._src import variants
+  cfg = llama.PRESETS["tiny"]
+  for scan in (False, True):
+    state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
+    fn = llama.train_step_fn(llama.Llama(cfg, "layer", scan))
+    analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
+                              polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+    k = len(analysis.rounds) - 1
+    program = analysis.rounds[k].program
+    assert analysis.rounds[k].as_written
+    top = sum(n.name == "optimization_barrier" for n in program.nodes)
+    anywhere = sum(n.name == "optimization_barrier" for _, n in program.walk())
+    assert top == (0 if scan else cfg.n_layers) and anywhere >= cfg.n_layers // (1 + scan)
+    assert not any(n.name == "optimization_barrier" for _, n in analysis.rounds[0].program.walk())
+    options = variants.round_options(analysis, k)
+    assert variants.SCHEDULER_OPTION not in options
+    assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
+
+
+def test_without_a_budget_the_step_runs_as_written_like_jax_jit():
+  # No budget and no device limit (CPU): nothing to fit, so the user's checkpoint
+  # regions stay, compiled exactly as jax.jit compiles the step.
+  from experiments import _common
+  cfg = llama.PRESETS["tiny"]
+  state = llama.init_state(cfg, scan_layers=True)
+  fn = llama.train_step_fn(llama.Llama(cfg, "layer", True))
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  tokens, mask = llama.example_batch(cfg, 2, 64)
+  out = step(state, tokens, mask)
+  analysis = step.analyze(state, tokens, mask)
+  assert analysis.rounds[step.last_call["round"]].as_written
+  ref = jax.jit(fn).lower(state, tokens, mask).compile()
+  assert step.last_call["xla_bytes"] == _common.xla_memory(ref)["footprint"]
+  chex.assert_trees_all_close(out, ref(state, tokens, mask), rtol=1e-6, atol=1e-7)
+
+
+def test_the_step_as_written_keeps_its_recomputation_in_xla():
+  # Without jax.checkpoint's barriers, XLA merged the inlined recomputation with the
+  # forward pass: the round "as written" allocated as much as the step without remat.
+  from experiments import _common
+  from jax_symmem._src import variants
+  cfg = llama.PRESETS["tiny"]
+  state = llama.init_state(cfg)
+  fn = llama.train_step_fn(llama.Llama(cfg, "layer"))
+  analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
+                            polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  dims, args = {"b": 2, "s": 128}, (state, *llama.example_batch(cfg, 2, 128))
+  flat = jax.tree_util.tree_leaves(args)
+  k = len(analysis.rounds) - 1
+  options = variants.round_options(analysis, k)
+  footprint = lambda lowered: _common.xla_memory(lowered.compile(compiler_options=options))[
+      "footprint"]
+  as_written = footprint(jax.jit(variants.round_function(analysis, k, dims)).lower(*flat))
+  unannotated = footprint(jax.jit(variants.round_function(analysis, 0, dims)).lower(*flat))
+  assert as_written == footprint(jax.jit(fn).lower(*args)) < 0.8 * unannotated

@@ -154,3 +154,13 @@ def test_symmem_jit_fits_a_budget_with_body_rounds_and_matches_jax_jit():
     chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)
     del out, expected
   assert step.last_call["round"] > 0   # the long microbatches needed the body's rounds
+
+
+def test_body_rounds_compile_with_the_default_scheduler():
+  # Fences inside a scan body are undone by XLA's memory-optimized scheduler too.
+  analysis = _analyze(True)
+  k = len(analysis.rounds) - 1
+  assert not any(n.name == "optimization_barrier" for n in analysis.rounds[k].program.nodes)
+  options = variants.round_options(analysis, k)
+  assert variants.SCHEDULER_OPTION not in options
+  assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()

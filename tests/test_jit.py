@@ -149,6 +149,25 @@ def test_untraceable_function_falls_back_to_jax_jit_with_one_warning(caplog):
   assert g.cache_info()["fallback_calls"] == 3
 
 
+def test_a_planner_defect_falls_back_to_jax_jit_and_analyze_names_it(caplog, monkeypatch):
+  # A TypeError from the planner is not the caller's mistake (as one from tracing the
+  # caller's function is): symmem.jit runs the step under jax.jit, with one warning.
+  from jax_symmem._src import remat
+  def broken(*args, **kwargs):
+    raise TypeError("a planner defect")
+  monkeypatch.setattr(remat, "plan_rounds", broken)
+  f = lambda x: jnp.sin(x) * 2.0
+  with pytest.raises(symmem.PlanningError, match="a planner defect"):
+    symmem.analyze(f, jnp.ones(4), polymorphic_shapes=("n",))
+  g = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING):
+    for n in (2, 5):
+      np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
+  warnings = [r for r in caplog.records if "falls back to jax.jit" in r.getMessage()]
+  assert len(warnings) == 1 and "a planner defect" in warnings[0].getMessage()
+  assert g.cache_info()["fallback_calls"] == 2
+
+
 def test_static_argnums_and_decorator_form():
   @symmem.jit(polymorphic_shapes=(None, "n"), static_argnums=0)
   def scale(k, x):

@@ -23,7 +23,7 @@ from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src import sharding as sharding_lib
-from jax_symmem._src.errors import BudgetError
+from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram
 
@@ -68,9 +68,11 @@ class Analysis:
                  scale: Mapping[int, float] | None = None) -> tuple[int, bool]:
     """(round, whether it fits): the smallest round predicted to fit, else the round
     with the smallest predicted peak. Rounds add recomputation, so the smallest
-    round that fits is the one that recomputes least."""
+    round that fits is the one that recomputes least. Without a budget (and no device
+    limit): the step as the user wrote it, with their jax.checkpoint regions if any."""
     if budget is None:
-      return 0, True
+      written = [k for k, r in enumerate(self.rounds) if r.as_written]
+      return (written[0] if written else 0), True
     scale = scale or {}
     peaks = []
     for k in range(len(self.rounds)):
@@ -319,9 +321,18 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
       end = time.perf_counter()
       return dataclasses.replace(result, seconds={"trace": traced_at - start,
                                                   "plan": end - traced_at})
+    def plan() -> Analysis:
+      try:
+        return analyze_traced(traced, memory_budget, argument_divisors, annotated)
+      except SymmemError:
+        raise
+      except Exception as e:   # the trace succeeded: a failure now is the planner's
+        raise PlanningError(f"planning {name} failed ({type(e).__name__}: {e}); please "
+                            "report it with the step") from e
+
     cache_dir = plan_cache.directory(plan_cache_dir)
     if cache_dir is None:
-      result = analyze_traced(traced, memory_budget, argument_divisors, annotated)
+      result = plan()
       if (elapsed := time.perf_counter() - start) >= progress.AFTER_S:
         logging.info("jax_symmem: planned %s in %.1f s", name, elapsed)
       return timed(result)
@@ -341,7 +352,7 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
       except Exception as e:  # a plan that does not fit the trace is never trusted
         logging.warning("jax_symmem: ignoring plan cache file %s (it does not replay: "
                         "%s: %s); planning again", path, type(e).__name__, e)
-    result = analyze_traced(traced, memory_budget, argument_divisors, annotated)
+    result = plan()
     saved = plan_cache.save(cache_dir, key, decisions_of(result))
     logging.info("jax_symmem: planned %s in %.2f s%s", name, time.perf_counter() - start,
                  f"; plan stored in {saved}" if saved else "")

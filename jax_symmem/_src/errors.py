@@ -23,3 +23,9 @@ class ShapeError(SymmemError, ValueError):
 
 class BudgetError(SymmemError, ValueError):
   """A memory budget below the smallest achievable peak."""
+
+
+class PlanningError(SymmemError):
+  """The planner failed on a program it traced: a defect of jax_symmem, not of the call.
+  `symmem.jit` falls back to `jax.jit` for that step (with a warning), as for an op the
+  pipeline cannot handle."""

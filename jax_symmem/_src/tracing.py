@@ -141,6 +141,9 @@ _BODY_PARAMS: dict[str, tuple[str, ...]] = {
 }
 
 
+_OPTIMIZATION_BARRIER = jax.lax.optimization_barrier_p
+
+
 def _source(eqn) -> str:
   return source_info_util.summarize(eqn.source_info)
 
@@ -182,6 +185,7 @@ class _Flattener:
       rule = _INLINE_RULES.get(eqn.primitive.name)
       if rule is not None:
         body, consts = rule(eqn.params)
+        ins = self._checkpoint_fence(eqn, ins, avals, nodes)
         inner_env: dict[Any, Operand] = {}
         for v, c in zip(body.constvars, consts):
           inner_env[v] = Const(c, v.aval)
@@ -207,6 +211,37 @@ class _Flattener:
       nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
                         inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn),
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
+
+
+  def _checkpoint_fence(self, eqn, ins, avals, nodes) -> list[Operand]:
+    """The operands of an inlined `jax.checkpoint` region, fenced as JAX lowers it.
+
+    A region that recomputes in the backward pass (`differentiated`, `prevent_cse`)
+    passes its operands through an optimization barrier when JAX lowers it, so that
+    XLA cannot merge the recomputation with the forward pass. Inlining the region
+    keeps that barrier as a node: without it the step as written would lose its
+    recomputation in XLA.
+    """
+    params = eqn.params
+    if eqn.primitive.name not in CHECKPOINT_PRIMITIVES or not params.get("differentiated"):
+      return ins
+    flags = params.get("prevent_cse", True)
+    flags = (flags,) * len(ins) if isinstance(flags, bool) else tuple(flags)
+    fenced = [k for k, (f, x) in enumerate(zip(flags, ins)) if f and not isinstance(x, Const)]
+    if not fenced:
+      return ins
+    outs = []
+    for k in fenced:
+      i = self.new_id()
+      avals[i] = avals[ins[k]]
+      outs.append(i)
+    nodes.append(Node(index=len(nodes), primitive=_OPTIMIZATION_BARRIER,
+                      params={}, inputs=tuple(ins[k] for k in fenced), outputs=tuple(outs),
+                      source=_source(eqn) + " [jax.checkpoint fence]"))
+    ins = list(ins)
+    for k, o in zip(fenced, outs):
+      ins[k] = o
+    return ins
 
 
 def flatten(closed_jaxpr: jcore.ClosedJaxpr, start: int = 0) -> Program:

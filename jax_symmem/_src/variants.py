@@ -29,11 +29,14 @@ CPU_COMPILER_OPTIONS = {
     "xla_cpu_scheduler_type": "CPU_SCHEDULER_TYPE_MEMORY_OPTIMIZED",
     "xla_cpu_experimental_ynn_fusion_type": "",
 }
-# ... except for rounds with fenced recomputation at the top level (flat regions):
-# the memory-optimized scheduler moves it back up next to the forward pass, as it
-# does JAX's own jax.checkpoint (experiments/flat_reach.py: GPT-2-style step, b=4, s=512, XLA
-# footprint of per-layer checkpointing 363 MiB with it vs 174 without; the planner's
-# last round 325 vs 190), so those compile with XLA's default scheduler.
+# ... except for rounds with fenced recomputation (optimization barriers: our fences,
+# at the top level or inside a scan body, or jax.checkpoint's own in a step as
+# written): the memory-optimized scheduler moves it back up next to the forward pass
+# (experiments/flat_reach.py: GPT-2-style step, b=4, s=512, XLA footprint of per-layer
+# checkpointing 363 MiB with it vs 174 without; the planner's last round 325 vs 190;
+# HF FlaxT5 with gradient_checkpointing as written, b=4, s=256, t=128: 84.8 vs 53.3;
+# gradient accumulation's last round, llama_accum s=512: 143.5 vs 134.5), so those
+# compile with XLA's default scheduler.
 SCHEDULER_OPTION = "xla_cpu_scheduler_type"
 GPU_COMPILER_OPTIONS: dict[str, str] = {}
 MAX_RECOMPILES = 3
@@ -86,8 +89,10 @@ class Variant:
 
 
 def fenced_recomputation(analysis, k: int) -> bool:
-  """Whether round k recomputes flat regions behind our fences (remat.apply_regions)."""
-  return not analysis.rounds[k].as_written and any(r.blocks for r in analysis.rounds[1:k + 1])
+  """Whether round k recomputes behind optimization barriers anywhere in its program:
+  our fences (remat.apply_regions, also inside scan bodies) or, in the step as
+  written, those of the user's jax.checkpoint regions."""
+  return any(n.name == "optimization_barrier" for _, n in analysis.rounds[k].program.walk())
 
 
 def round_options(analysis, k: int, platform: str = "cpu") -> dict:
