@@ -164,3 +164,18 @@ def test_body_rounds_compile_with_the_default_scheduler():
   options = variants.round_options(analysis, k)
   assert variants.SCHEDULER_OPTION not in options
   assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
+
+
+def test_the_last_body_round_lowers_what_xla_allocates():
+  # The recomputation stays inside the loop in XLA: the last round's footprint, compiled
+  # as symmem.jit compiles it under a budget, is well below round 0's.
+  from experiments import _common
+  analysis = _analyze(True)
+  dims = {"m": 2, "b": 4, "s": 64}
+  flat = jax.tree_util.tree_leaves((_params(), *_batch(2, 4, 64)))
+  def footprint(k):
+    lowered = jax.jit(variants.round_function(analysis, k, dims)).lower(*flat)
+    compiled = lowered.compile(compiler_options=variants.round_options(analysis, k))
+    return _common.xla_memory(compiled)["footprint"]
+  first, last = footprint(0), footprint(len(analysis.rounds) - 1)
+  assert last < 0.8 * first, (last, first)
