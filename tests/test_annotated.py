@@ -109,8 +109,12 @@ def test_checkpoint_barriers_keep_the_step_as_written_off_the_memory_optimized_s
     options = variants.round_options(analysis, k)
     assert variants.SCHEDULER_OPTION not in options
     assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
+    # Without a budget (no device limit), the step runs as written.
+    assert analysis.best_round({"b": 2, "s": 128}, None) == (k, True)
 
 
+# Compiles the step twice: slow; the barrier test above checks the round chosen fast.
+@pytest.mark.slow
 def test_without_a_budget_the_step_runs_as_written_like_jax_jit():
   # No budget and no device limit (CPU): nothing to fit, so the user's checkpoint
   # regions stay, compiled exactly as jax.jit compiles the step.
@@ -128,6 +132,8 @@ def test_without_a_budget_the_step_runs_as_written_like_jax_jit():
   chex.assert_trees_all_close(out, ref(state, tokens, mask), rtol=1e-6, atol=1e-7)
 
 
+# Three XLA compiles: slow; the barrier test above checks the fences fast.
+@pytest.mark.slow
 def test_the_step_as_written_keeps_its_recomputation_in_xla():
   # Without jax.checkpoint's barriers, XLA merged the inlined recomputation with the
   # forward pass: the round "as written" allocated as much as the step without remat.

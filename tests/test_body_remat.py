@@ -77,7 +77,8 @@ def _run_round(analysis, k, dims, args):
   return jax.tree_util.tree_unflatten(analysis.traced.out_tree, list(out))
 
 
-@pytest.mark.parametrize("attention", [False, True])
+# Without attention slow; with it (the harder body) fast.
+@pytest.mark.parametrize("attention", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_every_round_of_a_gradient_accumulation_step_computes_what_jax_jit_does(attention):
   analysis = _analyze(attention)
   evictions = _body_evictions(analysis)
@@ -92,7 +93,9 @@ def test_every_round_of_a_gradient_accumulation_step_computes_what_jax_jit_does(
   assert peaks[-1] < 0.8 * peaks[0], peaks
   args = (_params(seed=2), *_batch(3, 4, 64, seed=3))
   ref = jax.jit(_step(attention))(*args)
-  for k in range(len(analysis.rounds)):
+  last = len(analysis.rounds) - 1
+  # Fast (attention): the first body round and the last; slow: every round.
+  for k in (range(last + 1) if not attention else (0, 1, last)):
     chex.assert_trees_all_close(_run_round(analysis, k, dims, args), ref, rtol=2e-5, atol=1e-6)
 
 
@@ -134,6 +137,9 @@ def test_body_rounds_replay_from_a_plan_file(tmp_path):
   assert warm.plan == cold.plan
 
 
+# Compiles four variants: slow; the fast tier checks every round's numbers and the last
+# round's XLA footprint (test_the_last_body_round_lowers_what_xla_allocates).
+@pytest.mark.slow
 def test_symmem_jit_fits_a_budget_with_body_rounds_and_matches_jax_jit():
   step_fn = _step(True)
   analysis = _analyze(True)
