@@ -23,7 +23,6 @@ from typing import Any, Sequence
 from jax import lax
 
 from jax_symmem._src import interpret
-from jax_symmem._src import jax_dims
 from jax_symmem._src import loop_remat
 from jax_symmem._src import tracing
 from jax_symmem._src.flops import at_dims
@@ -76,10 +75,6 @@ def plannable(node: Node, paired: set[int]) -> bool:
   return node.name == "scan" and node.index not in paired and len(node.subprograms) == 1
 
 
-def trips(node: Node) -> Poly:
-  return jax_dims.to_poly(node.params["length"])
-
-
 def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -> Program:
   """`program` with the scan at node `index` running `body` (a rewrite of its body with
   the same inputs and outputs) in `order`. The node keeps its index and output ids;
@@ -104,16 +99,10 @@ def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -
   new, sub = tracing.node_from_function(scan_fn, avals, program.max_id() + 1)
   new = _with_sources(new, [body.nodes[i] for i in order])
   new, forwarded = loop_remat._rebind(new, sub, list(node.inputs), list(node.outputs), index)
-  rename = lambda x: x if isinstance(x, Const) else forwarded.get(x, x)
-  nodes = [new if i == index else
-           dataclasses.replace(n, inputs=tuple(rename(x) for x in n.inputs)) if forwarded
-           else n for i, n in enumerate(program.nodes)]
-  all_avals = dict(program.avals)
-  for v, o in zip(node.outputs, sub.outputs):
-    if not isinstance(o, Const):
-      all_avals[v] = sub.avals[o]
-  return Program(program.inputs, tuple(nodes), tuple(rename(x) for x in program.outputs),
-                 all_avals)
+  avals = dict(program.avals)
+  avals.update((v, sub.avals[o]) for v, o in zip(node.outputs, sub.outputs)
+               if not isinstance(o, Const))
+  return loop_remat.replace_nodes(program, {index: new}, forwarded, avals)
 
 
 def _with_sources(node: Node, ran: Sequence[Node]) -> Node:

@@ -31,11 +31,16 @@ def flops(graph: ShapeGraph, node: Node) -> Poly:
   if node.subprograms:   # control flow: its bodies' FLOPs (a scan's times its length,
     # which is a symbolic dim when the loop runs over one, e.g. microbatches "m")
     body = sum((flops(graph, n) for sub in node.subprograms for n in sub.nodes), ZERO)
-    return jax_dims.to_poly(node.params["length"]) * body if node.name == "scan" else body
+    return scan_length(node) * body if node.name == "scan" else body
   ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
   outs = [graph.values[o].dims for o in node.outputs]
   rule = FLOP_RULES.get(node.name)
   return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
+
+
+def scan_length(scan: Node) -> Poly:
+  """A scan's trip count: an int, or a dim when the loop runs over one."""
+  return jax_dims.to_poly(scan.params["length"])
 
 
 def at_dims(graph: ShapeGraph, saved: Poly, cost: Poly, dims) -> str:

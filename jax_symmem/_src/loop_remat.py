@@ -28,8 +28,7 @@ from typing import Mapping, Sequence
 
 from jax import lax
 
-from jax_symmem._src.flops import at_dims, flops
-from jax_symmem._src import jax_dims
+from jax_symmem._src.flops import at_dims, flops, scan_length
 from jax_symmem._src import tracing
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -199,11 +198,7 @@ def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
 def _cost(graph: ShapeGraph, state: LoopState, replay: _Replay) -> Poly:
   body = _body(state.forward)
   per_iteration = sum((flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
-  return _length(state.forward) * per_iteration
-
-
-def _length(scan: Node) -> Poly:
-  return jax_dims.to_poly(scan.params["length"])
+  return scan_length(state.forward) * per_iteration
 
 
 def _replayable(state: LoopState, replay: _Replay) -> bool:
@@ -233,7 +228,7 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
       body = _body(f)
       extra = sum((graph.bytes(body.inputs[f.params["num_consts"] + c])
                    for c in replay.carries - base_carries if c not in replay.stacked), ZERO)
-      saved = graph.bytes(f.outputs[j]) - _length(f) * extra
+      saved = graph.bytes(f.outputs[j]) - scan_length(f) * extra
       if saved.evaluate(env) <= 0:
         continue
       out.append(LoopEviction(fi, j, f.outputs[j], saved,
@@ -339,13 +334,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
   forwarded.update(b_forwarded)
 
-  # Outputs lax.scan forwarded from its operands are read from those operands.
-  nodes = [dataclasses.replace(n, inputs=tuple(_renamed(x, forwarded) for x in n.inputs))
-           if forwarded and i not in (f.index, b.index) else n
-           for i, n in enumerate(program.nodes)]
-  nodes[f.index], nodes[b.index] = new_f, new_b
-  outputs = tuple(_renamed(x, forwarded) for x in program.outputs)
-  return (Program(program.inputs, tuple(nodes), outputs, avals),
+  return (replace_nodes(program, {f.index: new_f, b.index: new_b}, forwarded, avals),
           dataclasses.replace(state, evicted=frozenset(evicted), backward_operands=tuple(
               _renamed(x, forwarded) for x in state.backward_operands)))
 
@@ -356,6 +345,17 @@ def _aval(program: Program, x):
 
 def _renamed(x, rename):
   return x if isinstance(x, Const) else rename.get(x, x)
+
+
+def replace_nodes(program: Program, new: Mapping[int, Node], forwarded: Mapping, avals
+                  ) -> Program:
+  """`program` with the nodes at the indices of `new` replaced, and every read of an
+  output that a rebuilt scan forwarded (`_rebind`) reading what it forwarded instead."""
+  nodes = [new[i] if i in new else
+           dataclasses.replace(n, inputs=tuple(_renamed(x, forwarded) for x in n.inputs))
+           if forwarded else n for i, n in enumerate(program.nodes)]
+  outputs = tuple(_renamed(x, forwarded) for x in program.outputs)
+  return Program(program.inputs, tuple(nodes), outputs, avals)
 
 
 def _rebind(node: Node, sub: Program, operands, outputs, index: int):

@@ -38,7 +38,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import progress
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.decider import Decider, DecisionCounts
-from jax_symmem._src.flops import FLOP_RULES, at_dims, flops  # noqa: F401  (re-exported)
+from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program
@@ -250,7 +250,7 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops):
   body = node.subprograms[0]
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
                node_flops=node_flops, descend=False)
-  trips = body_remat.trips(node)
+  trips = scan_length(node)
   return [body_remat.BodyEviction(index, r, trips) for r in inner.regions], inner.counts
 
 

@@ -212,7 +212,6 @@ class _Flattener:
                         inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn),
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
 
-
   def _checkpoint_fence(self, eqn, ins, avals, nodes) -> list[Operand]:
     """The operands of an inlined `jax.checkpoint` region, fenced as JAX lowers it.
 
