@@ -8,8 +8,9 @@ returns every variant it compiled and the one to dispatch, or raises BudgetError
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
@@ -140,12 +141,69 @@ def _runner(analysis, k, dims, env, policy: CompilePolicy, options: dict):
   return (lambda *a: tuple(run(*a))), dict(options, **fence.FENCE_COMPILER_OPTIONS)
 
 
+def next_round(peaks: Sequence[int], k: int, size: int, predicted: float,
+               tried: Iterable[int], fits: Callable[[int], bool]) -> int | None:
+  """The first later round predicted to fit after round k came out over budget.
+
+  `peaks` are the modeled peaks of every round at this shape, `size` XLA's figure for
+  round k and `predicted` the estimate that chose k. XLA's figure calibrates the model
+  (prediction = size / peaks[k] * peaks[j]), and how far the estimate that chose k was
+  off is kept as a margin: round j must fit even if its calibrated prediction is off by
+  as much. So one more compile suffices wherever the model's error does not grow from
+  round to round, without stepping round by round (experiments/bench_recompile.py
+  replays this search on every round's XLA figure of the benchmark steps). None if no
+  later round does.
+  """
+  ratio = size / max(1, peaks[k])
+  margin = abs(size - predicted)
+  tried = set(tried)
+  return next((j for j in range(k + 1, len(peaks))
+               if j not in tried and fits(int(ratio * peaks[j] + margin))), None)
+
+
+def search_rounds(peaks: Sequence[int], k: int, predicted: float,
+                  xla_bytes: Callable[[int], int], fits: Callable[[int], bool],
+                  max_recompiles: int = MAX_RECOMPILES) -> list[tuple[int, int]]:
+  """[(round, XLA's figure)] in the order compiled: round k (chosen by `predicted`),
+  then while XLA reports the last one over budget, `next_round`, else the planner's
+  last round, then round 0 (as jax.jit would compile the step: XLA may fit it where
+  the model says no, and a step that jax.jit runs is never refused), at most
+  `max_recompiles` more. `xla_bytes(k)` compiles round k."""
+  last = len(peaks) - 1
+  compiled: list[tuple[int, int]] = []
+  while True:
+    size = xla_bytes(k)
+    compiled.append((k, size))
+    if fits(size) or len(compiled) > max_recompiles:
+      return compiled
+    tried = {j for j, _ in compiled}
+    nxt = next_round(peaks, k, size, predicted, tried, fits)
+    nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
+    if nxt is None:
+      return compiled
+    predicted = size / max(1, peaks[k]) * peaks[nxt]
+    k = nxt
+
+
+class _RoundPeaks(collections.abc.Sequence):
+  """Every round's modeled peak at dims, each computed when first read (the analysis
+  caches them): a step whose first round fits never models the others."""
+
+  def __init__(self, analysis, dims):
+    self._analysis, self._dims = analysis, dims
+
+  def __len__(self) -> int:
+    return len(self._analysis.rounds)
+
+  def __getitem__(self, k: int) -> int:
+    return self._analysis.round_peak(range(len(self))[k], self._dims)
+
+
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float]) -> tuple[Variant, list[Variant]]:
-  """Compiles round k at dims, then, while XLA reports it over the budget, the next
-  round XLA's figure predicts to fit (else the last round, then round 0 as jax.jit
-  would compile it), at most `policy.max_recompiles` more.
+  """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
+  the last one over the budget.
 
   `lower(fn, options)` compiles `fn` (flat arguments -> flat outputs) with XLA
   options. Updates `calibration` (round -> XLA / model) from truthful compiles.
@@ -155,7 +213,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   env = analysis.graph.constraints.complete(dims)
   last = len(analysis.rounds) - 1
   compiled: list[Variant] = []
-  while True:
+
+  def compile_round(k: int) -> int:
     options, truthful = policy.options_for(analysis, k)
     fn, options = _runner(analysis, k, dims, env, policy, options)
     exe = lower(fn, options)
@@ -170,20 +229,11 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
         options.get(key) == value for key, value in policy.memory_options.items()
         if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
     compiled.append(Variant(dict(dims), k, exe, size, mem))
-    if policy.fits(size) or len(compiled) > policy.max_recompiles:
-      break
-    # Over budget: jump to the first later round that XLA's figure for this one,
-    # applied to the model, predicts to fit, not round by round.
-    ratio = size / max(1, analysis.round_peak(k, dims))
-    tried = {v.round for v in compiled}
-    nxt = next((j for j in range(k + 1, last + 1) if j not in tried
-                and policy.fits(int(ratio * analysis.round_peak(j, dims)))), None)
-    # Then the last round; then round 0, as jax.jit would compile the step (XLA may
-    # fit it where the model says no: never refuse a step that jax.jit runs).
-    nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
-    if nxt is None:
-      break
-    k = nxt
+    return size
+
+  peaks = _RoundPeaks(analysis, dims)
+  search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
+                policy.max_recompiles)
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)

@@ -1,0 +1,133 @@
+"""How many compiles `symmem.jit` needs to reach a variant that fits, over every budget.
+
+  python -m experiments.bench_recompile [--workloads=llama,t5] [--out PATH]   (bench_models' flags)
+  python -m experiments.bench_recompile --replay experiments/results/bench_recompile.json
+
+For each step of `experiments.bench_models` at its two longer lengths, compiles every
+round as `symmem.jit` compiles it under a budget and records the modeled peak and XLA's
+`memory_analysis()` footprint. Then it replays `variants.search_rounds` (the search
+`symmem.jit` runs when a new shape arrives) on those figures for 101 budgets evenly
+spaced between the smallest and the largest footprint, with the first round chosen by
+the model alone (a new shape, no calibration yet), and counts per search: compiles,
+whether a fitting round was reached, and how many rounds past the smallest fitting one
+it dispatched (extra recomputation). Two jump rules side by side: XLA's ratio alone
+(margin 0: the rule before) and the ratio with the last prediction's error as margin
+(`variants.next_round`, now). `--replay` re-runs the replay on a results file.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+from unittest import mock
+
+from absl import app
+from absl import flags
+import jax
+
+from experiments import _common
+from experiments import bench_models
+from jax_symmem._src import variants
+
+# --workloads and --out are bench_models' flags (imported above); --out's default here:
+flags.FLAGS.set_default("out", "experiments/results/bench_recompile.json")
+REPLAY = flags.DEFINE_string("replay", None, "replay the search on this results file only")
+BUDGETS = 101
+
+
+def figures(w) -> dict:
+  """{length: [(round, modeled peak, XLA footprint)]} at the workload's two longer lengths."""
+  analysis = bench_models._analysis(w)
+  out = {}
+  for s in w.lengths[1:]:
+    dims, args = w.dims(s), (w.state(), *w.batch(s))
+    rows = []
+    for k in range(len(analysis.rounds)):
+      exe, _ = bench_models._compile_round(analysis, k, dims, args)
+      rows.append((k, analysis.round_peak(k, dims), bench_models._footprint(exe)))
+    print(f"{w.name} s={s}: " + " ".join(f"{k}:{m / 2**20:.0f}/{x / 2**20:.0f}"
+                                         for k, m, x in rows), flush=True)
+    out[str(s)] = rows
+  return out
+
+
+def _old_rule(peaks, k, size, predicted, tried, fits, _next=variants.next_round):
+  del predicted   # the jump before: XLA's ratio, no margin
+  return _next(peaks, k, size, size, tried, fits)
+
+
+def replay(rows, rule: str) -> dict:
+  """The search over BUDGETS budgets on one (workload, length)'s figures."""
+  peaks = [m for _, m, _ in rows]
+  xla = [x for _, _, x in rows]
+  lo, hi = min(xla), max(xla)
+  compiles, extra, unreached = collections.Counter(), [], 0
+  for i in range(BUDGETS):
+    budget = lo + (hi - lo) * i // (BUDGETS - 1)
+    fits = lambda b: b <= budget
+    first = next((k for k, p in enumerate(peaks) if fits(p)), min(range(len(peaks)),
+                                                                  key=peaks.__getitem__))
+    patch = (mock.patch.object(variants, "next_round", _old_rule) if rule == "ratio"
+             else contextlib.nullcontext())
+    with patch:
+      tried = variants.search_rounds(peaks, first, peaks[first], xla.__getitem__, fits)
+    compiles[len(tried)] += 1
+    reached = [k for k, x in tried if fits(x)]
+    if not reached:
+      unreached += 1
+    else:
+      extra.append(min(reached) - next(k for k, x in enumerate(xla) if fits(x)))
+  n = sum(compiles.values())
+  return {"compiles": dict(sorted(compiles.items())),
+          "at_most_2": sum(c for k, c in compiles.items() if k <= 2) / n,
+          "mean_compiles": sum(k * c for k, c in compiles.items()) / n,
+          "unreached": unreached, "mean_extra_rounds": sum(extra) / max(1, len(extra)),
+          "max_extra_rounds": max(extra, default=0)}
+
+
+def summarize(table: dict) -> dict:
+  out = {}
+  for rule in ("ratio", "margin"):
+    per, total = {}, collections.Counter()
+    extra, n = 0.0, 0
+    for name, lengths in table.items():
+      for s, rows in lengths.items():
+        r = per[f"{name} s={s}"] = replay(rows, rule)
+        total.update(r["compiles"])
+        extra += r["mean_extra_rounds"] * BUDGETS
+        n += BUDGETS
+    count = sum(total.values())
+    out[rule] = {"per_step": per, "compiles": dict(sorted(total.items())),
+                 "at_most_2": sum(c for k, c in total.items() if k <= 2) / count,
+                 "mean_compiles": sum(k * c for k, c in total.items()) / count,
+                 "mean_extra_rounds": extra / n}
+    print(f"{rule:>6}: compiles {out[rule]['compiles']}, <= 2 in "
+          f"{100 * out[rule]['at_most_2']:.1f} %, mean {out[rule]['mean_compiles']:.2f}, "
+          f"rounds past the smallest fitting one {out[rule]['mean_extra_rounds']:.2f}")
+    for step, r in per.items():
+      print(f"        {step:<22} <= 2: {100 * r['at_most_2']:5.1f} %  mean compiles "
+            f"{r['mean_compiles']:.2f}  extra rounds {r['mean_extra_rounds']:.2f} "
+            f"(max {r['max_extra_rounds']})  unreached {r['unreached']}")
+  return out
+
+
+def main(argv):
+  del argv
+  if REPLAY.value:
+    with open(REPLAY.value) as f:
+      table = json.load(f)["figures"]
+    summarize(table)
+    return
+  names = bench_models.WORKLOADS_FLAG.value or list(bench_models.WORKLOADS)
+  table = {}
+  for name in names:
+    table[name] = figures(bench_models.WORKLOADS[name]())
+    jax.clear_caches()
+  out = {"figures": table, "budgets": BUDGETS, "replay": summarize(table)}
+  _common.write_results(bench_models.OUT.value, out)
+  print(f"wrote {bench_models.OUT.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)
