@@ -135,7 +135,7 @@ def test_wrong_structure_and_dynamic_kwargs_are_clear_errors():
   step = _budgeted_step(None)
   step.analyze(params, tokens, mask)    # traced for three arguments (whichever test ran first)
   with pytest.raises(symmem.ShapeError, match="traced for arguments with structure"):
-    step(params, tokens, mask, mask)
+    step(params, {"tokens": tokens}, mask)   # the same leaves in another structure
   with pytest.raises(TypeError, match="static_argnames"):
     step(params, tokens, mask=mask)
 

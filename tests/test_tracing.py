@@ -41,6 +41,49 @@ def test_call_primitives_are_inlined_and_numerics_match_jit():
     np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-6)
 
 
+def test_a_call_nested_in_a_loop_body_specializes_without_falling_back():
+  # nn.remat_scan's structure: a scan whose body is jax.checkpoint around an inner scan.
+  # After AD the forward body holds a closed_call, which binds through get_bind_params
+  # (before: KeyError 'subfuns' when specializing, and symmem.jit fell back to jax.jit).
+  def loss(ws, x):
+    def layer(x, w):
+      return jnp.tanh(x @ w), None
+    @jax.checkpoint
+    def group(x, w_inner):
+      return jax.lax.scan(layer, x, w_inner)[0], None
+    return jnp.mean(jax.lax.scan(group, x, ws)[0] ** 2)
+
+  def step(ws, x):
+    l, g = jax.value_and_grad(loss)(ws, x)
+    return l, ws - 0.1 * g
+
+  ws = jax.random.normal(jax.random.PRNGKey(0), (2, 2, 16, 16)) * 0.3
+  x = jnp.asarray(np.random.RandomState(0).randn(4, 8, 16), F32)
+  traced = symmem.trace(step, ws, x, polymorphic_shapes=(None, "b, s, _"))
+  names = {eqn.primitive.name for body in _raw_bodies(traced) for eqn in body.eqns}
+  assert "closed_call" in names   # the case this test is about
+  f = symmem.jit(step, polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 64", "b <= 4"))
+  for s in (8, 24):
+    xs = jnp.asarray(np.random.RandomState(s).randn(4, s, 16), F32)
+    for got, want in zip(f(ws, xs), jax.jit(step)(ws, xs)):
+      np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
+  assert f.cache_info()["fallback_calls"] == 0 and f.cache_info()["compiles"] == 2
+
+
+def _raw_bodies(traced):
+  """The jaxprs held in the params of the program's nodes, recursively."""
+  out, stack = [], [p for _, n in traced.program.walk() for p in n.params.values()]
+  while stack:
+    p = stack.pop()
+    jaxpr = getattr(p, "jaxpr", None)
+    if isinstance(p, (list, tuple)):
+      stack.extend(p)
+    elif jaxpr is not None and hasattr(jaxpr, "eqns"):
+      out.append(jaxpr)
+      stack.extend(v for e in jaxpr.eqns for v in e.params.values())
+  return out
+
+
 def test_trace_records_dims_constraints_and_trees():
   traced = symmem.trace(lambda d: {"y": d["x"] * 2}, {"x": jax.ShapeDtypeStruct((2, 3), F32)},
                         polymorphic_shapes=({"x": "b, s"},), constraints=("s <= 64",))

@@ -38,6 +38,7 @@ from jax_symmem._src.device import agreed_reserved as _agreed_reserved
 from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import sharding as sharding_lib
+from jax_symmem._src import tracing
 from jax_symmem._src import validation
 from jax_symmem._src import variants as variants_lib
 from jax_symmem._src.errors import BudgetError, ShapeError, ShapeSpecError, SymmemError
@@ -228,12 +229,15 @@ class SymmemFunction:
         raise TypeError(f"symmem.jit supports keyword arguments only as static_argnames; "
                         f"pass {name!r} positionally or mark it static")
     static = tuple(args[i] for i in self._static_argnums if i < len(args))
-    static_key = (static, tuple(sorted(kwargs.items())))
     try:
-      hash(static_key)
+      hash((static, tuple(sorted(kwargs.items()))))
     except TypeError as e:
       raise TypeError(f"static arguments must be hashable: {e}") from None
-    dyn = [a for i, a in enumerate(args) if i not in self._static_argnums]
+    dyn = [tracing.scalars_as_arrays(a) for i, a in enumerate(args)
+           if i not in self._static_argnums]
+    # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
+    weak = tuple(bool(getattr(x, "weak_type", False)) for x in jax.tree_util.tree_leaves(dyn))
+    static_key = (static, tuple(sorted(kwargs.items())), weak)
     # Closes over the static arguments only: the traced program keeps `bound`, and
     # holding the first call's arrays would keep them resident (and counted as
     # other live memory against the budget) for the life of the step.

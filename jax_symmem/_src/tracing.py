@@ -310,11 +310,14 @@ _CONCRETE_IMPLS: dict[str, Callable[..., Any]] = {
 
 
 def bind(primitive, args: Sequence[Any], params: Mapping[str, Any]) -> list[Any]:
-  """`primitive.bind` on concrete params, returning a list of outputs."""
+  """`primitive.bind` on concrete params, returning a list of outputs. As
+  `jax.core.eval_jaxpr` does, the params go through `get_bind_params` first: call
+  primitives (a `closed_call` nested in a loop body: `nn.remat_scan`) take their jaxpr
+  as a function there."""
   impl = _CONCRETE_IMPLS.get(primitive.name)
   if impl is not None:
     return [impl(*args, **params)]
-  outs = primitive.bind(*args, **params)
+  outs = primitive.bind(*args, **primitive.get_bind_params(params))
   return list(outs) if primitive.multiple_results else [outs]
 
 
@@ -481,10 +484,20 @@ def _check_ranks(args, specs) -> None:
           "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
 
 
+def scalars_as_arrays(tree):
+  """Python numbers among the leaves as the weakly typed scalars `jax.jit` traces them as
+  (flax's `TrainState.create` keeps `step=0` a Python int)."""
+  return jax.tree_util.tree_map(
+      lambda x: jax.numpy.asarray(x) if isinstance(x, (bool, int, float, complex)) else x, tree)
+
+
 def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=()):
-  """`jax.export.symbolic_args_specs` with rank checks and clear errors."""
+  """`jax.export.symbolic_args_specs` with rank checks and clear errors. Weak types are
+  kept, as `jax.jit` keeps them: a weakly typed scalar times a bfloat16 array stays
+  bfloat16."""
   if isinstance(constraints, str):
     constraints = (constraints,)
+  args = scalars_as_arrays(tuple(args))
   for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
     if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
       raise ShapeSpecError(
@@ -496,7 +509,10 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   except ValueError as e:
     raise ShapeSpecError(f"polymorphic_shapes {polymorphic_shapes!r} do not fit the arguments: {e}") from None
   _check_ranks(tuple(args), specs)
-  return specs
+  return jax.tree_util.tree_map(
+      lambda spec, x: jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=spec.sharding,
+                                           weak_type=True)
+      if getattr(x, "weak_type", False) else spec, specs, args)
 
 
 def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),

@@ -37,13 +37,6 @@ def check_arrays(caller: Caller, dyn_args) -> None:
   for path, x in jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]:
     if hasattr(x, "shape") and hasattr(x, "dtype"):
       continue
-    if isinstance(x, (bool, int, float, complex)):
-      # jax.jit would trace it as a weakly typed scalar; jax.export's specs drop weak
-      # types, so tracing it as f32/i32 could change the result dtype: refuse instead.
-      raise TypeError(
-          f"{caller.name}: argument {where(caller, path)} is a Python {type(x).__name__} "
-          f"({x!r}); symmem.jit traces array arguments only: pass jnp.asarray({x!r}, dtype) for "
-          "a value that changes between calls, or mark it static (static_argnums) for a constant")
     raise TypeError(
         f"{caller.name}: argument {where(caller, path)} of type {type(x).__name__} ({x!r:.40}) "
         "is not an array; mark it static with static_argnums/static_argnames")
