@@ -150,6 +150,21 @@ def test_data_dependent_shape_says_give_a_static_size():
     symmem.trace(lambda x: jnp.nonzero(x), jnp.zeros(4), polymorphic_shapes="s")
 
 
+def test_float_arithmetic_on_a_dim_says_keep_sizes_in_integers():
+  def f(x):   # a capacity factor written with floats: an array, not a dim, under tracing
+    return jnp.zeros((int(1.25 * x.shape[0] / 4),)).sum() + x.sum()
+  with pytest.raises(symmem.TracingError, match=r"keep size arithmetic in integers"):
+    symmem.trace(f, jnp.zeros(64), polymorphic_shapes="s")
+
+
+@pytest.mark.parametrize("constraint, match", [("s % 8 == 0", "s == 8\\*k"), ("s <= ", "s <= ")])
+def test_an_unparsable_constraint_is_a_constraint_error(constraint, match):
+  # jax.export parses shapes and constraints together; the error names the constraint.
+  with pytest.raises(symmem.ConstraintError, match=match):
+    symmem.trace(lambda x: x * 2, jnp.zeros((2, 64)), polymorphic_shapes="b, s",
+                 constraints=(constraint,))
+
+
 def test_bind_dims_solves_and_checks_shapes():
   spec = jax.ShapeDtypeStruct((2, 256), F32)
   traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),

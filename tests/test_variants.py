@@ -84,4 +84,15 @@ def test_over_budget_everywhere_tries_the_last_round_then_round_zero():
   peaks, xla = [100, 90, 80], [130, 120, 110]
   fits = lambda b: b <= 50
   tried = variants.search_rounds(peaks, _first(peaks, fits), 80, xla.__getitem__, fits)
-  assert [j for j, _ in tried] == [2, 0]   # the model's pick (the last round), then round 0
+  assert [j for j, _ in tried] == [2, 0, 1]   # the model's pick (the last round), round 0, the rest
+
+
+def test_a_round_the_model_overestimates_is_tried_before_giving_up():
+  # The step as written (last round) is modeled well, round 3 overestimated (the model
+  # counts a loop body's unfused chain op by op): nothing fits by the model, round 3 by XLA.
+  peaks, xla = [400, 300, 250, 190, 150], [390, 290, 240, 143, 147]
+  fits = lambda b: b <= 146
+  k = _first(peaks, fits)
+  assert k == 4
+  tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits)
+  assert [j for j, _ in tried] == [4, 0, 3] and fits(tried[-1][1])

@@ -119,7 +119,9 @@ def _split(c: str) -> tuple[Poly, str, Poly]:
   try:
     return jax_dims.parse(lhs.strip()), rel, jax_dims.parse(rhs.strip())
   except ValueError as e:
-    raise ConstraintError(f"cannot parse constraint {c!r}: {e}") from None
+    hint = (" (for a multiple, write 's == 8*k' with a new dim k, or declare the axis as "
+            "'8*k' in polymorphic_shapes)" if "%" in c else "")
+    raise ConstraintError(f"cannot parse constraint {c!r}{hint}: {e}") from None
 
 
 def _solve_for_var(diff: Poly, prefer: Sequence[str]) -> tuple[str, Poly] | None:

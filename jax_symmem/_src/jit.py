@@ -302,12 +302,14 @@ class SymmemFunction:
         agree=lambda size: _agreed_footprint(size, flat))
     jit_kwargs = dict(donate_argnums=self._donated_leaves(args),
                       **self._flat_shardings(args, entry.analysis.traced))
+    first = [True]
     def lower(fn, options):
       self._counts["compiles"] += 1
+      self._counts["recompiles"] += not first[0]   # counted here: a BudgetError may follow
+      first[0] = False
       return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
-    chosen, compiled = variants_lib.compile_fitting(entry.analysis, dims, k, policy, lower,
-                                                    entry.calibration)
-    self._counts["recompiles"] += len(compiled) - 1
+    chosen, _ = variants_lib.compile_fitting(entry.analysis, dims, k, policy, lower,
+                                             entry.calibration)
     entry.variants[(tuple(sorted(dims.items())), chosen.round)] = chosen
     return chosen
 

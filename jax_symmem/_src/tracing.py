@@ -17,6 +17,7 @@ import dataclasses
 import contextlib
 import itertools
 import os
+import re
 import threading
 import traceback
 from typing import Any, Callable, Mapping, Sequence
@@ -31,7 +32,7 @@ from jax._src import source_info_util
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
-from jax_symmem._src.errors import ShapeError, ShapeSpecError, TracingError
+from jax_symmem._src.errors import ConstraintError, ShapeError, ShapeSpecError, TracingError
 from jax_symmem._src.ir import Const, Node, Operand, Program  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import Poly, Var
 
@@ -467,6 +468,11 @@ def _advice(e: BaseException) -> str:
   if "is inconclusive" in msg:
     return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
             "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
+  if isinstance(e, jax.errors.ConcretizationTypeError) and re.search(
+      r"traced array with shape \w+\[\]", msg) and "size argument" not in msg:
+    return ("a size computed from a symbolic dimension became an array (float arithmetic such "
+            "as int(1.25 * s), math.ceil, or a jnp function of a dim): keep size arithmetic in "
+            "integers on the dims, e.g. (5 * s) // 4, or pass the size as a static argument")
   if isinstance(e, jax.errors.ConcretizationTypeError):
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
@@ -507,6 +513,15 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
     specs = export.symbolic_args_specs(tuple(args), polymorphic_shapes,
                                        constraints=tuple(constraints))
   except ValueError as e:
+    if constraints:   # jax.export parses both: say which one it could not use
+      try:
+        export.symbolic_args_specs(tuple(args), polymorphic_shapes)
+      except ValueError:
+        pass
+      else:
+        constraints_lib.parse_constraints(tuple(constraints))   # our message, if ours fails too
+        raise ConstraintError(f"constraints {tuple(constraints)!r} cannot be parsed by "
+                              f"jax.export: {e}") from None
     raise ShapeSpecError(f"polymorphic_shapes {polymorphic_shapes!r} do not fit the arguments: {e}") from None
   _check_ranks(tuple(args), specs)
   return jax.tree_util.tree_map(

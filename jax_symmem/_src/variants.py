@@ -167,8 +167,10 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
   """[(round, XLA's figure)] in the order compiled: round k (chosen by `predicted`),
   then while XLA reports the last one over budget, `next_round`, else the planner's
   last round, then round 0 (as jax.jit would compile the step: XLA may fit it where
-  the model says no, and a step that jax.jit runs is never refused), at most
-  `max_recompiles` more. `xla_bytes(k)` compiles round k."""
+  the model says no, and a step that jax.jit runs is never refused), then the other
+  rounds by increasing modeled peak (the model can overestimate one round and not
+  another: no BudgetError before they are tried), at most `max_recompiles` more.
+  `xla_bytes(k)` compiles round k."""
   last = len(peaks) - 1
   compiled: list[tuple[int, int]] = []
   while True:
@@ -178,6 +180,9 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
       return compiled
     tried = {j for j, _ in compiled}
     nxt = next_round(peaks, k, size, predicted, tried, fits)
+    if nxt is None and {last, 0} <= tried:
+      nxt = min((j for j in range(last + 1) if j not in tried),
+                key=lambda j: (peaks[j], j), default=None)
     nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
     if nxt is None:
       return compiled
@@ -240,9 +245,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
         f"{best.xla_bytes / 2**20:.1f} MiB for the smallest variant compiled (round "
-        f"{best.round} of {last}"
-        + (", the planner's last" if last in {v.round for v in compiled} else "")
-        + f"), above the {policy.budget / 2**20:.1f} MiB budget"
+        f"{best.round} of {last}" + (", the planner's last" if best.round == last else "")
+        + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above the "
+        f"{policy.budget / 2**20:.1f} MiB budget"
         + (f" less {policy.reserved / 2**20:.1f} MiB held by other live arrays"
            if policy.reserved else "")
         + "; raise the budget or use shorter/smaller batches")
