@@ -1,6 +1,7 @@
 """symmem.jit: same numbers as jax.jit, host-side decisions, caching, clear errors, fallback."""
 
 import functools
+import gc
 import logging as py_logging
 import re
 import threading
@@ -276,3 +277,24 @@ def test_fenced_rounds_compile_with_xla_default_scheduler():
   assert variants.SCHEDULER_OPTION not in options
   assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
   assert variants.round_options(a, k, platform="gpu") == variants.GPU_COMPILER_OPTIONS
+
+
+def test_the_first_call_leaves_no_arrays_behind_for_the_next_budget():
+  # Tracing with symbolic dims leaves reference cycles that reached the call's frame:
+  # until the cyclic collector ran, the first call's arguments and outputs stayed alive
+  # and counted as other live arrays against the next call's budget.
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS)
+  args = transformer.example_args(CFG, 2, 8)
+  held = {id(x) for x in jax.tree_util.tree_leaves(args)}
+  gc.collect()
+  others = lambda: sum(a.nbytes for a in jax.live_arrays() if id(a) not in held)
+  before = others()
+  gc.disable()
+  try:
+    out = step(*args)
+    jax.block_until_ready(out)
+    del out
+    assert others() == before
+  finally:
+    gc.enable()

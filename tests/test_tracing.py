@@ -165,6 +165,26 @@ def test_an_unparsable_constraint_is_a_constraint_error(constraint, match):
                  constraints=(constraint,))
 
 
+def _strided(x, stages=2, kernels=(3, 3)):
+  for k in kernels[:stages]:
+    w = jnp.ones((k, k, x.shape[-1], 3))
+    x = jax.lax.conv_general_dilated(x, w, (2, 2), "SAME",
+                                     dimension_numbers=("NHWC", "HWIO", "NHWC"))
+  return jnp.sum(x ** 2)
+
+
+def test_strided_convolutions_say_declare_a_multiple_of_the_stride():
+  x = jnp.ones((2, 16, 16, 3))
+  # Undecidable padding (no divisibility declared), and jax.export recursing without end
+  # (h == 2*k for two stride-2 stages): both a TracingError with the same advice.
+  for constraints in (("h <= 128",), ("h <= 128", "h == 2*k")):
+    with pytest.raises(symmem.TracingError, match=r"multiple of\s+the total stride"):
+      symmem.trace(jax.grad(_strided), x, polymorphic_shapes="b, h, h, 3",
+                   constraints=constraints)
+  symmem.trace(jax.grad(_strided), x, polymorphic_shapes="b, h, h, 3",
+               constraints=("h <= 128", "h == 4*k"))   # declared: traces
+
+
 def test_bind_dims_solves_and_checks_shapes():
   spec = jax.ShapeDtypeStruct((2, 256), F32)
   traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import math
 import threading
 from typing import Any, Callable, Mapping, Sequence
@@ -291,6 +292,12 @@ class SymmemFunction:
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
         self._fall_back(entry, f"{type(e).__name__}: {e}")
+      finally:
+        # Tracing with symbolic dims leaves exception/traceback cycles (jax's dimension
+        # checks) that reach this call's frame, and so the caller's arguments and this
+        # call's outputs: left to the cyclic collector they stay alive after the call and
+        # count as other live arrays against the next call's budget.
+        gc.collect()
       self._entries[static_key] = entry
       return entry
 

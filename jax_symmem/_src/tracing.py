@@ -465,6 +465,17 @@ def _advice(e: BaseException) -> str:
     return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
             "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
             "constraint, and write the reshape with the symbolic dims")
+  if isinstance(e, RecursionError):
+    return ("jax.export's decision procedure for dimension expressions recursed without end "
+            "(seen with strided convolutions on a dim declared a multiple of too small a "
+            "number): declare the dim a multiple of the total stride, e.g. 'h == 8*k' for three "
+            "stride-2 stages, or keep that axis static ('_')")
+  if "floordiv" in msg:
+    return ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
+            "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
+            "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple of "
+            "the total stride, e.g. constraints=('h == 8*k',) or polymorphic_shapes "
+            "'b, 8*k, 8*m, 3'")
   if "is inconclusive" in msg:
     return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
             "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
@@ -560,7 +571,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     with _checkpoints_save_everything() if save_everything else contextlib.nullcontext():
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
-          TypeError, ValueError) as e:
+          TypeError, ValueError, RecursionError) as e:
     where = _user_frame(e.__traceback__)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(

@@ -161,21 +161,43 @@ def next_round(peaks: Sequence[int], k: int, size: int, predicted: float,
                if j not in tried and fits(int(ratio * peaks[j] + margin))), None)
 
 
+def earlier_round(peaks: Sequence[int], k: int, size: int, fits: Callable[[int], bool],
+                  scale: Mapping[int, float]) -> int | None:
+  """The first round before k predicted to fit after round k fit at once, or None.
+
+  The model chose k because it predicted the rounds before it over budget; where XLA's
+  figure for k shows the model overestimating (it counts every value, XLA fuses: conv
+  nets' BatchNorm and activations), an earlier round, which recomputes less, may fit
+  too. Predicted with XLA's ratio for k, or the ratio measured for that round at other
+  shapes where there is one.
+  """
+  ratio = size / max(1, peaks[k])
+  return next((j for j in range(k) if fits(int(scale.get(j, ratio) * peaks[j]))), None)
+
+
 def search_rounds(peaks: Sequence[int], k: int, predicted: float,
                   xla_bytes: Callable[[int], int], fits: Callable[[int], bool],
-                  max_recompiles: int = MAX_RECOMPILES) -> list[tuple[int, int]]:
+                  max_recompiles: int = MAX_RECOMPILES,
+                  scale: Mapping[int, float] | None = None) -> list[tuple[int, int]]:
   """[(round, XLA's figure)] in the order compiled: round k (chosen by `predicted`),
   then while XLA reports the last one over budget, `next_round`, else the planner's
   last round, then round 0 (as jax.jit would compile the step: XLA may fit it where
   the model says no, and a step that jax.jit runs is never refused), then the other
   rounds by increasing modeled peak (the model can overestimate one round and not
   another: no BudgetError before they are tried), at most `max_recompiles` more.
-  `xla_bytes(k)` compiles round k."""
+  Where round k fits at once, `earlier_round` may add one compile of a round that
+  recomputes less (only given `scale`, XLA/model ratios known from other shapes: under
+  a budget). `xla_bytes(k)` compiles round k."""
   last = len(peaks) - 1
   compiled: list[tuple[int, int]] = []
   while True:
     size = xla_bytes(k)
     compiled.append((k, size))
+    if fits(size) and len(compiled) == 1 and max_recompiles and scale is not None:
+      j = earlier_round(peaks, k, size, fits, scale or {})
+      if j is not None:
+        compiled.append((j, xla_bytes(j)))
+      return compiled
     if fits(size) or len(compiled) > max_recompiles:
       return compiled
     tried = {j for j, _ in compiled}
@@ -238,7 +260,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
 
   peaks = _RoundPeaks(analysis, dims)
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
-                policy.max_recompiles)
+                policy.max_recompiles, None if policy.budget is None else dict(calibration))
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
