@@ -264,13 +264,17 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
+    # MiB to one decimal, unless the two figures would read the same: then bytes.
+    mib = lambda b: f"{b / 2**20:.1f} MiB"
+    if mib(best.xla_bytes) == mib(policy.budget - policy.reserved):
+      mib = lambda b: f"{b:,} bytes"
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
-        f"{best.xla_bytes / 2**20:.1f} MiB for the smallest variant compiled (round "
+        f"{mib(best.xla_bytes)} for the smallest variant compiled (round "
         f"{best.round} of {last}" + (", the planner's last" if best.round == last else "")
         + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above the "
-        f"{policy.budget / 2**20:.1f} MiB budget"
-        + (f" less {policy.reserved / 2**20:.1f} MiB held by other live arrays"
+        f"{mib(policy.budget)} budget"
+        + (f" less {mib(policy.reserved)} held by other live arrays"
            if policy.reserved else "")
         + "; raise the budget or use shorter/smaller batches")
   return min(fitting, key=lambda v: v.round), compiled   # least recomputation
