@@ -157,3 +157,10 @@ def test_shortcut_matches_the_general_route():
     assert results[0] == results[1], source
     if not isinstance(results[0], str):
       assert constraints_lib._shortcut(source) == constraints_lib.normalize(source)
+
+
+def test_a_bound_that_comes_through_a_multiple_names_its_constraint():
+  # h == 8*k and h <= 128 bound k to [1, 16]: the message for k = 17 cites both.
+  c = parse_constraints(("h <= 128", "h == 8*k"), variables=("k",))
+  msg = c.violation({"k": 17})
+  assert "k = 17 is outside [1, 16]" in msg and "h <= 128" in msg and "h == 8*k" in msg

@@ -82,7 +82,10 @@ class Constraints:
     return None
 
   def _origin(self, var: str | None) -> str:
-    srcs = [s for s in self.source if var is None or re.search(rf"\b{re.escape(var)}\b", s)]
+    # A dim's bounds also come from the dims it defines: with h == 8*k, h <= 128 bounds k.
+    names = {var} | {v for v, q in self.substitutions if var in q.variables()}
+    srcs = [s for s in self.source
+            if var is None or any(re.search(rf"\b{re.escape(n)}\b", s) for n in names)]
     return f" (constraints: {', '.join(srcs)})" if srcs else " (every dimension is >= 1)"
 
   def __str__(self) -> str:
