@@ -183,6 +183,10 @@ def test_strided_convolutions_say_declare_a_multiple_of_the_stride():
                    constraints=constraints)
   symmem.trace(jax.grad(_strided), x, polymorphic_shapes="b, h, h, 3",
                constraints=("h <= 128", "h == 4*k"))   # declared: traces
+  # A Python `if` on a floordiv size is control flow, not a stride to declare.
+  with pytest.raises(symmem.TracingError, match="Python control flow"):
+    symmem.trace(lambda x: x * 2 if x.shape[0] // 2 > 3 else x, jnp.zeros(16),
+                 polymorphic_shapes="s")
 
 
 def test_bind_dims_solves_and_checks_shapes():

@@ -234,10 +234,10 @@ class SymmemFunction:
       hash((static, tuple(sorted(kwargs.items()))))
     except TypeError as e:
       raise TypeError(f"static arguments must be hashable: {e}") from None
-    dyn = [tracing.scalars_as_arrays(a) for i, a in enumerate(args)
-           if i not in self._static_argnums]
+    dyn, leaves = tracing.scalars_as_arrays([a for i, a in enumerate(args)
+                                             if i not in self._static_argnums])
     # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
-    weak = tuple(bool(getattr(x, "weak_type", False)) for x in jax.tree_util.tree_leaves(dyn))
+    weak = tuple(bool(getattr(x, "weak_type", False)) for x in leaves)
     static_key = (static, tuple(sorted(kwargs.items())), weak)
     # Closes over the static arguments only: the traced program keeps `bound`, and
     # holding the first call's arrays would keep them resident (and counted as
@@ -309,11 +309,12 @@ class SymmemFunction:
         agree=lambda size: _agreed_footprint(size, flat))
     jit_kwargs = dict(donate_argnums=self._donated_leaves(args),
                       **self._flat_shardings(args, entry.analysis.traced))
-    first = [True]
+    compiles = 0
     def lower(fn, options):
+      nonlocal compiles
+      self._counts["recompiles"] += compiles > 0   # counted here: a BudgetError may follow
       self._counts["compiles"] += 1
-      self._counts["recompiles"] += not first[0]   # counted here: a BudgetError may follow
-      first[0] = False
+      compiles += 1
       return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
     chosen, _ = variants_lib.compile_fitting(entry.analysis, dims, k, policy, lower,
                                              entry.calibration)

@@ -470,15 +470,16 @@ def _advice(e: BaseException) -> str:
             "(seen with strided convolutions on a dim declared a multiple of too small a "
             "number): declare the dim a multiple of the total stride, e.g. 'h == 8*k' for three "
             "stride-2 stages, or keep that axis static ('_')")
+  if "is inconclusive" in msg:
+    return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
+            "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
+  # After the control-flow case: a Python `if` on floordiv(s, 2) is that case.
   if "floordiv" in msg:
     return ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
             "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
             "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple of "
             "the total stride, e.g. constraints=('h == 8*k',) or polymorphic_shapes "
             "'b, 8*k, 8*m, 3'")
-  if "is inconclusive" in msg:
-    return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
-            "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
   if isinstance(e, jax.errors.ConcretizationTypeError) and re.search(
       r"traced array with shape \w+\[\]", msg) and "size argument" not in msg:
     return ("a size computed from a symbolic dimension became an array (float arithmetic such "
@@ -501,11 +502,16 @@ def _check_ranks(args, specs) -> None:
           "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
 
 
-def scalars_as_arrays(tree):
-  """Python numbers among the leaves as the weakly typed scalars `jax.jit` traces them as
-  (flax's `TrainState.create` keeps `step=0` a Python int)."""
-  return jax.tree_util.tree_map(
-      lambda x: jax.numpy.asarray(x) if isinstance(x, (bool, int, float, complex)) else x, tree)
+def scalars_as_arrays(tree) -> tuple[Any, list[Any]]:
+  """(tree, its leaves) with Python numbers as the weakly typed scalars `jax.jit` traces
+  them as (flax's `TrainState.create` keeps `step=0` a Python int); `tree` itself where
+  there is none. One flatten: `symmem.jit` runs this on every call."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  if not any(isinstance(x, (bool, int, float, complex)) for x in leaves):
+    return tree, leaves
+  leaves = [jax.numpy.asarray(x) if isinstance(x, (bool, int, float, complex)) else x
+            for x in leaves]
+  return jax.tree_util.tree_unflatten(treedef, leaves), leaves
 
 
 def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=()):
@@ -514,7 +520,7 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   bfloat16."""
   if isinstance(constraints, str):
     constraints = (constraints,)
-  args = scalars_as_arrays(tuple(args))
+  args, _ = scalars_as_arrays(tuple(args))
   for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
     if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
       raise ShapeSpecError(

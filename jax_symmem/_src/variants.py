@@ -194,7 +194,7 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     size = xla_bytes(k)
     compiled.append((k, size))
     if fits(size) and len(compiled) == 1 and max_recompiles and scale is not None:
-      j = earlier_round(peaks, k, size, fits, scale or {})
+      j = earlier_round(peaks, k, size, fits, scale)
       if j is not None:
         compiled.append((j, xla_bytes(j)))
       return compiled
