@@ -28,6 +28,7 @@ import jax
 
 from experiments import _common
 from experiments import bench_models
+from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import variants
 
 # --workloads and --out are bench_models' flags (imported above); --out's default here:
@@ -66,8 +67,7 @@ def replay(rows, rule: str) -> dict:
   for i in range(BUDGETS):
     budget = lo + (hi - lo) * i // (BUDGETS - 1)
     fits = lambda b: b <= budget
-    first = next((k for k, p in enumerate(peaks) if fits(p)), min(range(len(peaks)),
-                                                                  key=peaks.__getitem__))
+    first, _ = analysis_lib.first_round(peaks, fits)   # the model's pick, no calibration
     patch = (mock.patch.object(variants, "next_round", _old_rule) if rule == "ratio"
              else contextlib.nullcontext())
     with patch:

@@ -4,17 +4,14 @@ Pure functions of modeled peaks and XLA's figures: checked on the rule's own
 assumption (hypothesis) and on figures measured by experiments/bench_recompile.py.
 """
 
+import collections.abc
+
 from hypothesis import given, settings, strategies as st
 
+from jax_symmem._src import analysis
 from jax_symmem._src import variants
 
 MiB = 2**20
-
-
-def _first(peaks, fits):
-  """The round `Analysis.best_round` picks without calibration."""
-  return next((k for k, p in enumerate(peaks) if fits(p)),
-              min(range(len(peaks)), key=peaks.__getitem__))
 
 
 @st.composite
@@ -38,7 +35,7 @@ def test_two_compiles_when_the_error_does_not_grow(search):
   # compile fits.
   peaks, ratio, budget, data = search
   fits = lambda b: b <= budget
-  k = _first(peaks, fits)
+  k = analysis.first_round(peaks, fits)[0]
   e = abs(ratio - 1) * peaks[k]
   off = st.one_of(st.sampled_from([-int(e), int(e)]), st.integers(-int(e), int(e)))
   xla = [int(ratio * p) + (0 if j == k else data.draw(off)) for j, p in enumerate(peaks)]
@@ -72,7 +69,7 @@ def test_the_measured_gradient_accumulation_step_fits_in_two_compiles():
   xla = [int(x * MiB) for _, x in _ACCUM_512]
   budget = int(179.04 * MiB)
   fits = lambda b: b <= budget
-  k = _first(peaks, fits)
+  k = analysis.first_round(peaks, fits)[0]
   assert k == 10
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits)
   assert [j for j, _ in tried] == [10, 13]
@@ -83,7 +80,9 @@ def test_the_measured_gradient_accumulation_step_fits_in_two_compiles():
 def test_over_budget_everywhere_tries_the_last_round_then_round_zero():
   peaks, xla = [100, 90, 80], [130, 120, 110]
   fits = lambda b: b <= 50
-  tried = variants.search_rounds(peaks, _first(peaks, fits), 80, xla.__getitem__, fits)
+  k, fit = analysis.first_round(peaks, fits)
+  assert (k, fit) == (2, False)   # nothing fits: the smallest modeled peak
+  tried = variants.search_rounds(peaks, k, 80, xla.__getitem__, fits)
   assert [j for j, _ in tried] == [2, 0, 1]   # the model's pick (the last round), round 0, the rest
 
 
@@ -92,7 +91,7 @@ def test_a_round_the_model_overestimates_is_tried_before_giving_up():
   # counts a loop body's unfused chain op by op): nothing fits by the model, round 3 by XLA.
   peaks, xla = [400, 300, 250, 190, 150], [390, 290, 240, 143, 147]
   fits = lambda b: b <= 146
-  k = _first(peaks, fits)
+  k = analysis.first_round(peaks, fits)[0]
   assert k == 4
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits)
   assert [j for j, _ in tried] == [4, 0, 3] and fits(tried[-1][1])
@@ -108,7 +107,7 @@ def test_a_first_round_that_fits_at_once_checks_one_that_recomputes_less():
   peaks = [int(m * MiB) for m, _ in _RESNET]
   xla = [int(x * MiB) for _, x in _RESNET]
   fits = lambda b: b <= int(33.45 * MiB)   # jax.jit's own footprint as the budget
-  k = _first(peaks, fits)
+  k = analysis.first_round(peaks, fits)[0]
   assert k == 1
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, scale={})
   assert tried == [(1, xla[1]), (0, xla[0])]   # round 0 fits too, and recomputes nothing
@@ -117,3 +116,16 @@ def test_a_first_round_that_fits_at_once_checks_one_that_recomputes_less():
   assert variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits) == [(1, xla[1])]
   assert variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits,
                                 scale={0: 1.0}) == [(1, xla[1])]
+
+
+def test_first_round_reads_peaks_only_up_to_the_first_that_fits():
+  values, read = [300, 200, 100, 50], []
+  class Peaks(collections.abc.Sequence):   # as analysis.RoundPeaks: each read is a model run
+    def __len__(self):
+      return len(values)
+    def __getitem__(self, k):
+      read.append(k)
+      return values[k]
+  assert analysis.first_round(Peaks(), lambda b: b <= 200) == (1, True)
+  assert read == [0, 1]
+  assert analysis.first_round([300, 120, 120, 200], lambda b: b <= 100) == (1, False)  # earliest of equals

@@ -28,6 +28,33 @@ from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram
 
 
+def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int, bool]:
+  """(round, whether it fits): the first round whose predicted peak fits, else the one
+  with the smallest predicted peak (the earliest of equals). `peaks` is read in order
+  and only up to the first that fits."""
+  for k, peak in enumerate(peaks):
+    if fits(peak):
+      return k, True
+  return min(range(len(peaks)), key=lambda k: (peaks[k], k)), False
+
+
+class RoundPeaks(Sequence[int]):
+  """Every round's modeled peak at dims (times `scale[k]` where given), each computed
+  when first read (the analysis caches them): a step whose first round fits never
+  models the others."""
+
+  def __init__(self, analysis: "Analysis", dims: Mapping[str, int],
+               scale: Mapping[int, float] | None = None):
+    self._analysis, self._dims, self._scale = analysis, dims, scale or {}
+
+  def __len__(self) -> int:
+    return len(self._analysis.rounds)
+
+  def __getitem__(self, k):
+    k = range(len(self))[k]
+    return int(self._analysis.round_peak(k, self._dims) * self._scale.get(k, 1.0))
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Analysis:
   """Symbolic analysis of a step: its graph, schedule and rematerialization rounds."""
@@ -73,14 +100,7 @@ class Analysis:
     if budget is None:
       written = [k for k, r in enumerate(self.rounds) if r.as_written]
       return (written[0] if written else 0), True
-    scale = scale or {}
-    peaks = []
-    for k in range(len(self.rounds)):
-      peak = int(self.round_peak(k, dims) * scale.get(k, 1.0))
-      if peak + reserved <= budget:
-        return k, True
-      peaks.append(peak)
-    return min(range(len(peaks)), key=lambda k: (peaks[k], k)), False
+    return first_round(RoundPeaks(self, dims, scale), lambda peak: peak + reserved <= budget)
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""

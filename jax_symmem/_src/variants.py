@@ -8,12 +8,12 @@ returns every variant it compiled and the one to dispatch, or raises BudgetError
 
 from __future__ import annotations
 
-import collections.abc
 import dataclasses
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
+from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import fence
 from jax_symmem._src import interpret
 from jax_symmem._src import tracing
@@ -212,20 +212,6 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     k = nxt
 
 
-class _RoundPeaks(collections.abc.Sequence):
-  """Every round's modeled peak at dims, each computed when first read (the analysis
-  caches them): a step whose first round fits never models the others."""
-
-  def __init__(self, analysis, dims):
-    self._analysis, self._dims = analysis, dims
-
-  def __len__(self) -> int:
-    return len(self._analysis.rounds)
-
-  def __getitem__(self, k: int) -> int:
-    return self._analysis.round_peak(range(len(self))[k], self._dims)
-
-
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float]) -> tuple[Variant, list[Variant]]:
@@ -258,7 +244,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     compiled.append(Variant(dict(dims), k, exe, size, mem))
     return size
 
-  peaks = _RoundPeaks(analysis, dims)
+  peaks = analysis_lib.RoundPeaks(analysis, dims)
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
                 policy.max_recompiles, None if policy.budget is None else dict(calibration))
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
