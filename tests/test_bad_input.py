@@ -77,6 +77,19 @@ def test_contradictory_constraints():
     f(jnp.ones(6))
 
 
+def test_constraint_on_a_dim_no_argument_has():
+  f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b, s",),
+                 constraints=("s >= 2", "sl <= 512"))   # a typo for s: the bound would vanish
+  with pytest.raises(symmem.ConstraintError, match=r"'sl <= 512' names 'sl'.*dims: b, s"):
+    f(jnp.ones((2, 600)))
+  # A dim of its own, tied to the arguments' by an equality, is fine in any order.
+  g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b, s",),
+                 constraints=("k <= 4", "s == 8*k"))
+  np.testing.assert_array_equal(g(jnp.ones((2, 16))), 2.0)
+  with pytest.raises(symmem.ShapeError):
+    g(jnp.ones((2, 40)))   # k = 5
+
+
 def test_wrong_pytree_structure():
   f = symmem.jit(lambda p, x: p["w"] * x, polymorphic_shapes=(None, "n"))
   f({"w": jnp.ones(())}, jnp.ones(3))
@@ -114,6 +127,33 @@ def test_python_control_flow_on_a_dim_falls_back(caplog):
       np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
   (warning,) = _fallback_warnings(caplog)
   assert "add a constraint that decides it" in warning.getMessage()
+
+
+def _masked_sum(tokens, segments, mask):
+  return jnp.sum(tokens * segments * mask)
+
+
+def test_an_argument_left_static_says_which_spec_to_give(caplog):
+  x = jnp.ones((2, 64))
+  g = symmem.jit(_masked_sum, polymorphic_shapes=("b, s", None, "b, s"), memory_budget=2**30)
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    np.testing.assert_allclose(g(x, x, x), 128.0)
+  (warning,) = _fallback_warnings(caplog)
+  message = warning.getMessage()
+  assert "args[1] has a static spec and shape (2, 64)" in message
+  assert "give it the spec 'b, s'" in message
+  assert "memory budget (1073741824) is not enforced" in message
+  assert g.cache_info()["fallback_calls"] == 1
+
+
+def test_one_dim_spelled_two_ways_is_named(caplog):
+  x = jnp.ones((2, 64))
+  g = symmem.jit(_masked_sum, polymorphic_shapes=("b, s", "b, S", "b, s"))
+  with caplog.at_level(py_logging.WARNING, logger="absl"):
+    np.testing.assert_allclose(g(x, x, x), 128.0)
+  (warning,) = _fallback_warnings(caplog)
+  assert "dims S, s are all 64 at this call" in warning.getMessage()
+  assert "not enforced" not in warning.getMessage()   # no budget was asked for
 
 
 def test_reshape_without_a_divisible_dim_falls_back(caplog):
@@ -184,6 +224,25 @@ def test_fractional_budget_without_a_device_limit():
   g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",), memory_budget=0.5)
   with pytest.raises(ValueError, match="reports no memory limit; give the budget in bytes"):
     g(jnp.ones(3))
+
+
+def test_budget_as_a_size_string():
+  x = jnp.ones((4, 8))
+  for given, expected in (("200MiB", 200 * 2**20), ("1.5 GiB", 3 * 2**29), ("4096B", 4096)):
+    g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b, _",), memory_budget=given)
+    np.testing.assert_array_equal(g(x), 2.0)
+    assert g.last_call["budget"] == expected
+  for wrong in ("200MB", "lots", "-5MiB"):   # MB could mean 10**6 or 2**20: not guessed
+    with pytest.raises(ValueError, match=r"memory_budget=.*give bytes .* such as '200MiB'"):
+      symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=wrong)
+  with pytest.raises(TypeError, match="memory_budget must be bytes"):
+    symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=[1])
+
+
+def test_a_budget_under_a_mebibyte_is_printed_in_bytes():
+  g = symmem.jit(lambda x: jnp.sin(x) @ x.T, polymorphic_shapes=("b, _",), memory_budget=1024)
+  with pytest.raises(symmem.BudgetError, match=r"above the 1,024 bytes budget"):
+    g(jnp.ones((512, 512)))
 
 
 # -- arguments that are not arrays ---------------------------------------------------

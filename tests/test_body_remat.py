@@ -11,7 +11,6 @@ import jax_symmem as symmem
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import body_remat
 from jax_symmem._src import executor
-from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import memory
 from jax_symmem._src import tracing
 from jax_symmem._src import variants
@@ -153,8 +152,7 @@ def test_symmem_jit_fits_a_budget_with_body_rounds_and_matches_jax_jit():
     out = step(params, *batch)
     assert step.last_call["xla_bytes"] <= step.last_call["budget"]
     (variant,) = [v for v in step.variants() if v["dims"] == {"m": m, "b": 4, "s": s}]
-    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
-               else jit_lib.FAST_PATH_CPU_OPTIONS)
+    options = variant["compiler_options"]   # exactly what symmem.jit compiled with
     expected = jax.jit(step_fn).lower(params, *batch).compile(compiler_options=options)(
         params, *batch)
     chex.assert_trees_all_close(out, expected, rtol=1e-5, atol=1e-6)

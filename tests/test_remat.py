@@ -72,8 +72,13 @@ def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():
   assert a.choose_round(dims, peaks[0]) == 0
   k = a.choose_round(dims, min(peaks))
   assert peaks[k] <= min(peaks) and all(p > min(peaks) for p in peaks[:k])
-  with pytest.raises(symmem.BudgetError, match=f"{min(peaks) / 2**20:.1f} MiB"):
+  # One byte short: both figures would read the same in MiB, so the message gives bytes.
+  with pytest.raises(symmem.BudgetError, match=f"{min(peaks) - 1:,} bytes is below .*: "
+                                               f"{min(peaks):,} bytes modeled"):
     a.choose_round(dims, min(peaks) - 1)
+  with pytest.raises(symmem.BudgetError, match=f"{min(peaks) / 2 / 2**20:.1f} MiB is below "
+                                               f".*: {min(peaks) / 2**20:.1f} MiB modeled"):
+    a.choose_round(dims, min(peaks) // 2)
 
 
 # Plans the step again at exact shapes: slow; the rounds' own tests stay fast.

@@ -1,5 +1,7 @@
 """Tracing with symbolic dims: flattening, numerics, and clear errors on bad input."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -218,3 +220,34 @@ def test_specialize_returns_the_same_objects_so_jax_caches_hit():
   p1, p2 = traced.specialize(n=8), traced.specialize(n=8)
   assert p1 is p2
   assert traced.specialize(n=9) is not p1
+
+
+def test_sources_point_at_the_users_line_and_name_the_flax_module():
+  import flax.linen as nn
+  from jax_symmem._src.ir import source_label
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return x + nn.LayerNorm()(x)   # flax's own ops run in normalization.py
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for _ in range(2):
+        x = Block()(x)
+      return x.sum()
+
+  model = Model()
+  params = model.init(jax.random.PRNGKey(0), jnp.ones((2, 8)))
+  traced = symmem.trace(jax.grad(model.apply), params, jnp.ones((2, 8)),
+                        polymorphic_shapes=(None, "b, _"))
+  labels = {source_label(n.source, n.name) for _, n in traced.program.walk()
+            if n.name == "rsqrt"}
+  marker = "return x + nn.LayerNorm()(x)   # flax's own ops"
+  line = next(k for k, text in enumerate(open(__file__), 1) if marker in text)
+  assert len(labels) == 2, labels
+  for k in (0, 1):   # one per layer, told apart by the module's scope
+    assert any(re.fullmatch(rf"test_tracing\.py:{line}:\d+ \(.*Block\.__call__\) "
+                            rf"@ Block_{k}/LayerNorm_0", label) for label in labels), labels
+  assert source_label(" [recomputed]", "mul") == "mul (no user source line) [recomputed]"

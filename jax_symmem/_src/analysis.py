@@ -23,7 +23,7 @@ from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src import sharding as sharding_lib
-from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError
+from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError, sizes
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram
 
@@ -71,6 +71,12 @@ class Analysis:
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+  def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
+    budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget:,} B"
+    return (f"Analysis({self.traced.fun_name}: dims {', '.join(self.traced.dims) or 'none'}, "
+            f"{len(self.traced.program.nodes)} nodes, {len(self.rounds) - 1} rounds of "
+            f"eviction, {budget}, {self.origin})")
+
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
                    reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
@@ -85,11 +91,14 @@ class Analysis:
     if fits:
       return k
     best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
+    budget_str, best_str, *reserved_str = sizes(budget, best, *((reserved,) if reserved else ()))
     raise BudgetError(
-        f"memory budget {budget / 2**20:.1f} MiB is below the smallest achievable peak at "
-        f"{dict(dims)}: {best / 2**20:.1f} MiB " + ("predicted" if scale else "modeled")
-        + (f" plus {reserved / 2**20:.1f} MiB held by other live arrays" if reserved else "")
-        + "; raise the budget or use shorter/smaller batches")
+        f"memory budget {budget_str} is below the smallest achievable peak at "
+        f"{dict(dims)}: {best_str} " + ("predicted" if scale else "modeled")
+        + (f" plus {reserved_str[0]} held by other live arrays" if reserved else "")
+        + "; raise the budget or use shorter/smaller batches (this is the op-by-op model's "
+        "verdict: symmem.jit refuses only after XLA's memory_analysis() says no variant "
+        "fits, and XLA, which fuses ops, can need less)")
 
   def best_round(self, dims: Mapping[str, int], budget: int | None, reserved: int = 0,
                  scale: Mapping[int, float] | None = None) -> tuple[int, bool]:

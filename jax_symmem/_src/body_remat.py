@@ -26,7 +26,7 @@ from jax_symmem._src import interpret
 from jax_symmem._src import loop_remat
 from jax_symmem._src import tracing
 from jax_symmem._src.flops import at_dims
-from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program, source_label
 from jax_symmem._src.poly import Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 
@@ -62,7 +62,7 @@ class BodyEviction:
 
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     info = graph.values[self.value]
-    where = self.source.rsplit("/", 1)[-1] or "(no user source line)"
+    where = source_label(self.source, info.primitive)
     return (f"evict {info.shape_str()} from {where} inside a scan body (each of its "
             f"{self.trips} iterations): saves {self.saved} B, recompute "
             f"{len(self.item.nodes)} op(s) = {self.cost} FLOPs"

@@ -167,6 +167,31 @@ def parse_constraints(constraints: ConstraintsLike, variables: Iterable[str] = (
   return _with_variables(normalize(source), variables)
 
 
+def check_variables(constraints: Sequence[str], dims: Iterable[str]) -> None:
+  """Raises ConstraintError for a constraint on a dim that is neither one of `dims` (the
+  arguments' dims) nor tied to them by equalities such as 's == 128*k': such a
+  constraint bounds nothing the arguments have (a typo, 'sl <= 512' for 's <= 512',
+  would silently drop the bound)."""
+  relations = []
+  for c in constraints:
+    lhs, rel, rhs = _split(c)
+    relations.append((c, rel, lhs.variables() | rhs.variables()))
+  known, grew = set(dims), True
+  while grew:   # equalities define new dims from known ones (or known ones from new)
+    grew = False
+    for _, rel, names in relations:
+      if rel == "==" and names & known and not names <= known:
+        known |= names
+        grew = True
+  for c, _, names in relations:
+    if not names <= known:
+      unknown = ", ".join(repr(v) for v in sorted(names - known))
+      raise ConstraintError(
+          f"constraint {c!r} names {unknown}, which no argument's shape has (their dims: "
+          f"{', '.join(sorted(dims)) or 'none'}); fix the name, or tie a dim of its own to "
+          "them with an equality such as 's == 128*k'")
+
+
 def _with_variables(cons: Constraints, variables: Iterable[str]) -> Constraints:
   """`cons` with the bound [1, inf) for each of `variables` it does not mention."""
   extra = set(variables)

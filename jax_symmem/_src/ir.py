@@ -9,6 +9,7 @@ control-flow node keeps its bodies as nested `Program`s (`Node.subprograms`).
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any, Mapping
 
 
@@ -30,7 +31,7 @@ class Node:
   params: Mapping[str, Any]
   inputs: tuple[Operand, ...]
   outputs: tuple[int, ...]
-  source: str
+  source: str                   # "path:line:col (function) @ scope" (tracing._source)
   effects: frozenset = frozenset()
   subprograms: tuple["Program", ...] = ()
 
@@ -46,6 +47,10 @@ class Program:
   nodes: tuple[Node, ...]
   outputs: tuple[Operand, ...]
   avals: Mapping[int, Any]
+
+  def __repr__(self) -> str:   # the nodes of a 1B-parameter step would be megabytes
+    return (f"Program({len(self.nodes)} nodes, {len(self.inputs)} inputs, "
+            f"{len(self.outputs)} outputs)")
 
   def value_ids(self) -> tuple[int, ...]:
     return self.inputs + tuple(v for n in self.nodes for v in n.outputs)
@@ -65,3 +70,13 @@ class Program:
       ids.extend(n.outputs)
       ids.extend(sub.max_id() for sub in n.subprograms)
     return max(ids, default=-1)
+
+
+def source_label(source: str, primitive: str = "") -> str:
+  """A node's `source` for messages: the file without its directory
+  ("model.py:41:8 (__call__) @ Block_3/LayerNorm_0"), or the primitive where JAX
+  produced the value with no user frame."""
+  label = re.sub(r"^\S*/(?=[^/\s]+:\d+)", "", source)
+  if not label or label.startswith(" "):
+    label = f"{primitive} (no user source line){label}"
+  return label

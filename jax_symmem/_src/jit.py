@@ -27,6 +27,7 @@ import dataclasses
 import functools
 import gc
 import math
+import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -48,13 +49,32 @@ from jax_symmem._src.variants import (  # noqa: F401
     CPU_COMPILER_OPTIONS, FAST_PATH_CPU_OPTIONS, GPU_COMPILER_OPTIONS,
     IMPOSE_MIN_BYTES, MAX_RECOMPILES)
 
+_BUDGET_FORMS = ("bytes (an int), a fraction of device memory (a float in (0, 1]), or a size "
+                 "such as '200MiB' or '6 GiB' (units B, KiB, MiB, GiB, TiB)")
+_BINARY_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
+
+
+def parse_budget(memory_budget):
+  """The budget as given, a size string ('200MiB') as bytes; checks the type without
+  asking the device (symmem.jit may be built before jax.distributed.initialize)."""
+  if memory_budget is None or (isinstance(memory_budget, (int, float))
+                               and not isinstance(memory_budget, bool)):
+    return memory_budget
+  if isinstance(memory_budget, str):
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]iB|B)\s*", memory_budget)
+    if m:   # binary units only: whether 'MB' means 10**6 or 2**20 bytes is a guess
+      return int(float(m.group(1)) * _BINARY_UNITS[m.group(2)])
+    raise ValueError(f"memory_budget={memory_budget!r}: give {_BUDGET_FORMS}")
+  raise TypeError(f"memory_budget must be {_BUDGET_FORMS}; got {type(memory_budget).__name__}")
+
+
 def resolve_budget(memory_budget) -> int | None:
-  """Bytes; a float in (0, 1] is a fraction of the device's memory; None: the device limit."""
+  """Bytes; a float in (0, 1] is a fraction of the device's memory; a string a size
+  ('200MiB'); None: the device limit."""
+  memory_budget = parse_budget(memory_budget)
   _, limit = _device_memory()
   if memory_budget is None:
     return limit
-  if isinstance(memory_budget, bool):
-    raise TypeError("memory_budget must be bytes (int) or a fraction (float in (0, 1])")
   if isinstance(memory_budget, float):
     if not 0 < memory_budget <= 1:
       raise ValueError(f"a fractional memory_budget must be in (0, 1], got {memory_budget}")
@@ -94,6 +114,7 @@ class SymmemFunction:
     self._shapes = polymorphic_shapes
     self._constraints = tuple(constraints)
     self._budget_arg = memory_budget
+    parse_budget(memory_budget)   # a malformed budget fails here, not at the first call
     self._plan_cache_dir = plan_cache_dir
     self._static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                         else set(static_argnums)))
@@ -337,8 +358,11 @@ class SymmemFunction:
     with self._lock:
       if entry.fallback is not None:   # another thread's compile failed first
         return
-      logging.warning("jax_symmem: %s falls back to jax.jit: %s",
-                      getattr(self._fun, "__name__", "function"), reason)
+      unenforced = ("" if self._budget_arg is None else
+                    f"\nThe memory budget ({self._budget_arg!r}) is not enforced on these calls "
+                    "(counted in cache_info()['fallback_calls']).")
+      logging.warning("jax_symmem: %s falls back to jax.jit: %s%s",
+                      getattr(self._fun, "__name__", "function"), reason, unenforced)
       entry.fallback = jax.jit(
           self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
           donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
@@ -360,8 +384,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
     polymorphic_shapes: shape specs as in `jax.export.symbolic_args_specs`
       ("b, s"), one per positional argument (None for static or fully static args).
     constraints: e.g. ("s <= 4096", "b <= 64", "s == 128*k").
-    memory_budget: bytes, or a float in (0, 1] as a fraction of device memory;
-      default the device's limit where known, otherwise no eviction.
+    memory_budget: bytes, a size string ('200MiB', '6 GiB'), or a float in (0, 1] as a
+      fraction of device memory; default the device's limit where known, otherwise no
+      eviction.
     impose_schedule: fence jax_symmem's memory-aware order into XLA with
       optimization barriers instead of leaving the order to XLA's scheduler.
     plan_cache_dir: a directory where memory plans are kept across processes

@@ -32,7 +32,7 @@ from jax_symmem._src.flops import at_dims, flops, scan_length
 from jax_symmem._src import tracing
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program, source_label
 
 # Ops a regeneration may not repeat: effects, collectives and host callbacks. Unlike
 # the flat planner, functional random ops and nested control flow may be recomputed
@@ -90,7 +90,7 @@ class LoopEviction:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
-    where = self.source.rsplit("/", 1)[-1] or "(no user source line)"
+    where = source_label(self.source, info.primitive)
     return (f"evict scan residual {info.shape_str()} from {where}: regenerated in the "
             f"backward scan; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 

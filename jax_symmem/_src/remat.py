@@ -41,7 +41,7 @@ from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Program, source_label
 
 # --- per-primitive rules ------------------------------------------------------------
 
@@ -77,9 +77,7 @@ class Region:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
-    where = self.source.rsplit("/", 1)[-1]
-    if where.startswith(" ") or not where:   # produced inside JAX (no user frame)
-      where = f"{info.primitive} (no user source line){where}"
+    where = source_label(self.source, info.primitive)
     return (f"evict {info.shape_str()} from {where}: "
             f"saves {self.saved} B, recompute {len(self.nodes)} op(s) = {self.cost} FLOPs" + at)
 
@@ -482,6 +480,10 @@ class Round:
   graph: ShapeGraph
   loops: Mapping[int, loop_remat.LoopState] = dataclasses.field(default_factory=dict)
   as_written: bool = False        # the user's own jax.checkpoint regions, not a plan of ours
+
+  def __repr__(self) -> str:
+    return (f"Round({len(self.regions)} regions added, {len(self.program.nodes)} nodes"
+            + (", as written" if self.as_written else "") + ")")
 
   def peak_at(self, dims: Mapping[str, int]) -> int:
     return memory.peak_at(self.graph, dims, self.program, self.order)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from jax_symmem._src.ir import source_label
 from jax_symmem._src.shape_graph import ShapeGraph
 
 
@@ -28,7 +29,7 @@ def shape_report(graph: ShapeGraph, top: int = 8) -> str:
       continue
     seen.add(size)
     largest.append(v)
-    src = v.source.rsplit("/", 1)[-1] if v.primitive else "(argument)"
+    src = source_label(v.source, v.primitive) if v.primitive else "(argument)"
     rows.append((str(size), _mib(graph.evaluate(size, **at)), v.shape_str(), v.primitive or "input", src))
     if len(largest) == top:
       break

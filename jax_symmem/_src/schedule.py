@@ -50,6 +50,10 @@ class Schedule:
   # Empty for a schedule read back from the plan cache, which ran no pass.
   passes: Mapping[str, DecisionCounts] = dataclasses.field(default_factory=dict, compare=False)
 
+  def __repr__(self) -> str:   # orders of a 1B-parameter step are 9,330 indices each
+    return (f"Schedule({self.mode}, {len(self.order)} nodes, main order {self.source!r}, "
+            f"{len(self.candidates)} candidates)")
+
   def order_for(self, graph: ShapeGraph, dims: Mapping[str, int],
                 program: Program | None = None) -> tuple[int, ...]:
     """The candidate with the lowest modeled peak at `dims` (which order is best can

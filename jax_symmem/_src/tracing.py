@@ -51,6 +51,10 @@ class TracedProgram:
   # argument shapes -> dims: bind_dims is on the hot path of every call.
   _bind_cache: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
+  def __repr__(self) -> str:
+    return (f"TracedProgram({self.fun_name}: dims {', '.join(self.dims) or 'none'}, "
+            f"{len(self.program.nodes)} nodes; constraints {self.constraints})")
+
   def bind_dims(self, *args) -> dict[str, int]:
     """Solves the dims from concrete arguments and checks them against the constraints."""
     shapes = tuple(tuple(getattr(x, "shape", ())) for x in jax.tree_util.tree_leaves(tuple(args)))
@@ -146,7 +150,22 @@ _OPTIMIZATION_BARRIER = jax.lax.optimization_barrier_p
 
 
 def _source(eqn) -> str:
-  return source_info_util.summarize(eqn.source_info)
+  """Where the user wrote the op: the innermost frame outside JAX and installed libraries
+  (a flax LayerNorm's ops point at the line that called it, not into flax), and the
+  name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules)."""
+  frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+  frame = next((f for f in frames if not _LIBRARY.search(f.file_name)),
+               frames[0] if frames else None)
+  where = source_info_util._summarize_frame(frame) if frame else ""
+  scope = str(eqn.source_info.name_stack)
+  while (unwrapped := _TRANSFORM.sub(r"\1", scope)) != scope:   # jvp(M)/Block_0 -> M/Block_0
+    scope = unwrapped
+  scope = scope.partition("/")[2]   # the outermost scope is the whole model (or empty)
+  return where + (f" @ {scope}" if scope else "")
+
+
+_LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_TRANSFORM = re.compile(r"\b\w+\(([^()]*)\)")
 
 
 class _Flattener:
@@ -459,8 +478,12 @@ def _user_frame(tb) -> str | None:
   return found
 
 
-def _advice(e: BaseException) -> str:
+def _advice(e: BaseException, args=(), specs=()) -> str:
   msg = str(e)
+  if re.search(r"incompatible shapes|same shape", msg):
+    hint = _spec_mismatches(args, specs)
+    if hint:
+      return hint
   if "Cannot divide evenly" in msg:
     return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
             "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
@@ -489,6 +512,36 @@ def _advice(e: BaseException) -> str:
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _spec_mismatches(args, specs) -> str:
+  """Why shapes that must agree may differ at trace time: an argument with a static spec
+  whose every axis has the size of a dim at this call, or dims that are equal here (one dim
+  spelled two ways). '' when neither is seen."""
+  leaves = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
+  spec_leaves = jax.tree_util.tree_leaves(specs)
+  dims_of_size: dict[int, list[str]] = {}   # size at this call -> the plain dims of that size
+  for (_, x), spec in zip(leaves, spec_leaves):
+    for d, n in zip(spec.shape, getattr(x, "shape", ())):
+      if jax_dims.is_symbolic(d) and str(d).isidentifier() and n > 1:
+        names = dims_of_size.setdefault(n, [])
+        if str(d) not in names:
+          names.append(str(d))
+  hints = []
+  for (path, x), spec in zip(leaves, spec_leaves):
+    shape = tuple(getattr(x, "shape", ()))
+    # Every axis a dim's size (a weight of shape (s, d) is not meant).
+    if shape and all(n in dims_of_size for n in shape) and not any(
+        map(jax_dims.is_symbolic, spec.shape)):
+      suggested = ", ".join(dims_of_size[n][0] for n in shape)
+      hints.append(f"args{jax.tree_util.keystr(path)} has a static spec and shape {shape}, "
+                   f"sizes that dims have at this call: if its shape changes with them, give "
+                   f"it the spec '{suggested}'")
+  for n, names in sorted(dims_of_size.items()):
+    if len(names) > 1:
+      hints.append(f"dims {', '.join(sorted(names))} are all {n} at this call: if they are "
+                   "one dim, spell it the same way in every spec")
+  return "; ".join(hints)
 
 
 def _check_ranks(args, specs) -> None:
@@ -571,6 +624,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
       if jax_dims.is_symbolic(d):
         dims |= jax_dims.to_poly(d).variables()
   cons = constraints_lib.parse_constraints(tuple(constraints), variables=dims)
+  constraints_lib.check_variables(tuple(constraints), dims)
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
   name = getattr(fun, "__name__", type(fun).__name__)
   try:
@@ -582,7 +636,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(
         f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
-        + (f" at {where}" if where else "") + f": {first}\nWhat to do: {_advice(e)}") from e
+        + (f" at {where}" if where else "") + f": {first}\nWhat to do: {_advice(e, args, specs)}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
   return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,

@@ -17,7 +17,7 @@ from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import fence
 from jax_symmem._src import interpret
 from jax_symmem._src import tracing
-from jax_symmem._src.errors import BudgetError
+from jax_symmem._src.errors import BudgetError, sizes
 
 # XLA:CPU options for variants compiled under a memory budget: keep our fences
 # (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
@@ -83,10 +83,14 @@ class Variant:
   executable: Any
   xla_bytes: int              # memory_analysis(): arguments + outputs + temps - aliased
   memory_options: bool        # compiled with the memory-saving XLA options
+  # The XLA options it was compiled with ({} exactly as jax.jit): a budget's round 0
+  # differs from jax.jit by XNNPACK fusions alone, which can move the last bits.
+  compiler_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
   def describe(self) -> dict:
     return {"dims": dict(self.dims), "round": self.round, "xla_bytes": self.xla_bytes,
-            "memory_options": self.memory_options}
+            "memory_options": self.memory_options,
+            "compiler_options": dict(self.compiler_options)}
 
 
 def fenced_recomputation(analysis, k: int) -> bool:
@@ -241,7 +245,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     mem = bool(policy.memory_options) and all(
         options.get(key) == value for key, value in policy.memory_options.items()
         if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
-    compiled.append(Variant(dict(dims), k, exe, size, mem))
+    compiled.append(Variant(dict(dims), k, exe, size, mem, dict(options)))
     return size
 
   peaks = analysis_lib.RoundPeaks(analysis, dims)
@@ -250,17 +254,16 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
-    # MiB to one decimal, unless the two figures would read the same: then bytes.
-    mib = lambda b: f"{b / 2**20:.1f} MiB"
-    if mib(best.xla_bytes) == mib(policy.budget - policy.reserved):
-      mib = lambda b: f"{b:,} bytes"
+    # The effective budget is budget - reserved: units that tell it from the smallest.
+    smallest, budget, *reserved = sizes(
+        best.xla_bytes, policy.budget,
+        *((policy.reserved, policy.budget - policy.reserved) if policy.reserved else ()))
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
-        f"{mib(best.xla_bytes)} for the smallest variant compiled (round "
+        f"{smallest} for the smallest variant compiled (round "
         f"{best.round} of {last}" + (", the planner's last" if best.round == last else "")
         + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above the "
-        f"{mib(policy.budget)} budget"
-        + (f" less {mib(policy.reserved)} held by other live arrays"
-           if policy.reserved else "")
+        f"{budget} budget" + (f" less {reserved[0]} held by other live arrays"
+                              if policy.reserved else "")
         + "; raise the budget or use shorter/smaller batches")
   return min(fitting, key=lambda v: v.round), compiled   # least recomputation
