@@ -4,14 +4,15 @@ Trace a training step once with symbolic dims, know every value's size as an
 exact polynomial over them, compare sizes exactly, and run the step under a
 memory budget with `symmem.jit`:
 
+    import jax_symmem as symmem
+
     step = symmem.jit(train_step, polymorphic_shapes=(None, "b, s", "b, s"),
-                      constraints=("s <= 4096", "b <= 64"), memory_budget=8 * 2**30)
+                      constraints=("s >= 2", "s <= 4096", "b <= 64"), memory_budget="8GiB")
     loss, params = step(params, tokens, mask)     # any (b, s) within the constraints
 
-    import jax_symmem as symmem
-    traced = symmem.trace(step, params, tokens, mask,
+    traced = symmem.trace(train_step, params, tokens, mask,
                           polymorphic_shapes=(None, "b, s", "b, s"),
-                          constraints=("s <= 4096", "b <= 64"))
+                          constraints=("s >= 2", "s <= 4096", "b <= 64"))
     graph = symmem.shape_graph(traced)
     graph.bytes(value_id)                 # an exact Poly over b, s
     symmem.symbolic.compare("11008*b*s", "32*b*s^2", constraints=("s <= 4096",))

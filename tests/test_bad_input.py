@@ -6,6 +6,7 @@ from concurrent import futures
 import logging as py_logging
 
 import jax
+from jax import lax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -72,9 +73,13 @@ def test_spec_of_the_wrong_rank():
 
 
 def test_contradictory_constraints():
-  f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b",), constraints=("b >= 8", "b <= 4"))
-  with pytest.raises(symmem.ConstraintError):
-    f(jnp.ones(6))
+  with pytest.raises(symmem.ConstraintError, match="contradict"):   # where given
+    symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b",), constraints=("b >= 8", "b <= 4"))
+
+
+def test_constraints_given_as_one_string():
+  with pytest.raises(symmem.ConstraintError, match=r"write constraints=\('s <= 512',\)"):
+    symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("s",), constraints="s <= 512")
 
 
 def test_constraint_on_a_dim_no_argument_has():
@@ -126,7 +131,8 @@ def test_python_control_flow_on_a_dim_falls_back(caplog):
     for n in (2, 5):
       np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
   (warning,) = _fallback_warnings(caplog)
-  assert "add a constraint that decides it" in warning.getMessage()
+  assert "add a constraint that decides it ('n >= 4' if n > 3 holds for all your batches, " \
+         "'n <= 3' if it never does)" in warning.getMessage()
 
 
 def _masked_sum(tokens, segments, mask):
@@ -144,6 +150,15 @@ def test_an_argument_left_static_says_which_spec_to_give(caplog):
   assert "give it the spec 'b, s'" in message
   assert "memory budget (1073741824) is not enforced" in message
   assert g.cache_info()["fallback_calls"] == 1
+
+
+def test_an_argument_left_static_is_named_where_a_scan_meets_it():
+  def accumulate(tokens, weights):   # microbatches: a scan over both arguments
+    return lax.scan(lambda c, xw: (c + jnp.sum(xw[0] * xw[1]), None), 0.0, (tokens, weights))[0]
+  x = jnp.ones((3, 2, 8))
+  with pytest.raises(symmem.TracingError, match=r"different leading axis sizes.*\n.*args\[1\] "
+                     r"has a static spec and shape \(3, 2, 8\).*the spec 'm, b, s'"):
+    symmem.trace(accumulate, x, x, polymorphic_shapes=("m, b, s", None))
 
 
 def test_one_dim_spelled_two_ways_is_named(caplog):
@@ -237,6 +252,11 @@ def test_budget_as_a_size_string():
       symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=wrong)
   with pytest.raises(TypeError, match="memory_budget must be bytes"):
     symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=[1])
+  for wrong in (0, -1, 1.5, "0MiB"):   # refused where given, not at the first call
+    with pytest.raises(ValueError, match="must be positive|must be in \\(0, 1\\]"):
+      symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=wrong)
+  assert symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=np.int64(2**20))(
+      x[0]).shape == (8,)
 
 
 def test_a_budget_under_a_mebibyte_is_printed_in_bytes():

@@ -78,3 +78,44 @@ def test_plotting_helpers(analysis, budget):
                                      if i == 0 or k != curves.rounds[i - 1]]
   text = str(curves)
   assert "over budget" in text and "trace order" in text and len(text.splitlines()) == 2 + len(SHAPES)
+
+
+def test_sweep_takes_numpy_integers_and_refuses_strings():
+  import numpy as np
+  assert symmem.sweep(b=np.int64(4), s=np.arange(2, 4)) == [{"b": 4, "s": 2}, {"b": 4, "s": 3}]
+  for wrong in ("32", 4.0, [16, 32.5]):
+    with pytest.raises(TypeError, match=r"sweep\(s=...\): give an int or an iterable of ints"):
+      symmem.sweep(s=wrong)
+
+
+def test_reports_take_the_analysis_budget_or_a_size(analysis, budget):
+  budgeted = dataclasses.replace(analysis, memory_budget=budget, _round0_orders={}, _round_peaks={})
+  mib = f"{budget / 2**20:.6f}MiB"   # a size string for (about) the same budget
+  as_string = symmem.memory_curves(analysis, SHAPES, budget=mib)
+  assert abs(as_string.budget - budget) < 2**10
+  assert symmem.memory_curves(budgeted, SHAPES).budget == budget
+  report = symmem.memory_report(budgeted, SHAPES)   # default: the analysis's own budget
+  assert report == symmem.memory_report(analysis, SHAPES, budget)
+  assert "over budget" in report and f"(budget {budget / 2**20:,.1f} MiB)" in report
+  assert "(no budget)" in symmem.memory_report(budgeted, SHAPES, None)
+  with pytest.raises(ValueError, match="fraction of device memory; give bytes"):
+    symmem.memory_curves(analysis, SHAPES, budget=0.5)
+
+
+def test_shape_report_takes_the_graph_the_traced_program_or_the_analysis(analysis):
+  text = symmem.shape_report(analysis.graph)
+  assert symmem.shape_report(analysis) == text
+  assert symmem.shape_report(analysis.traced) == text
+  with pytest.raises(TypeError, match="expected a ShapeGraph, TracedProgram or Analysis"):
+    symmem.shape_report("graph")
+
+
+def test_figures_only_within_the_constraints_the_plan_was_made_for(analysis):
+  with pytest.raises(symmem.ShapeError, match=r"outside the constraints .*s = 4096 is outside \[2, 128\]"):
+    analysis.peak_bytes(b=1, s=4096)
+  with pytest.raises(symmem.ShapeError, match=r"s = 1 is outside \[2, 128\]"):
+    analysis.baseline_peak_bytes(b=1, s=1)
+  with pytest.raises(ValueError, match="unknown dims q: .*dims are b, s"):
+    analysis.round_peak(0, {"b": 1, "s": 8, "q": 1})
+  with pytest.raises(ValueError, match="give every dim of .*: s missing"):
+    symmem.memory_curves(analysis, [{"b": 1}])

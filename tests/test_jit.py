@@ -78,6 +78,8 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   small = transformer.example_args(CFG, 1, 8)
   step(*small)
   assert [v.round for v in step.compiled(b=1, s=8)] == [0]
+  assert step.compiled(b=1) == step.compiled(b=1, s=8)   # partial dims filter
+  assert {v.dims["s"] for v in step.compiled()} == {8, 128} and step.compiled(b=3) == []
   options = {v["dims"]["s"]: v["memory_options"] for v in step.variants()}
   assert options == {8: False, 128: True}
   assert step.last_call["dims"] == {"b": 1, "s": 8} and step.last_call["round"] == 0

@@ -229,3 +229,18 @@ def test_scans_with_literal_carries_or_a_symbolic_length_plan_and_match_jax_jit(
   for k in range(len(analysis.rounds)):
     chex.assert_trees_all_close(_run_round(analysis, k, dims, (w, x)), ref, rtol=2e-5,
                                 atol=1e-6)
+
+
+def test_a_residual_is_named_by_the_layer_code_that_computes_it():
+  def layer(h, w):
+    probs = jax.nn.softmax(jnp.einsum("bsd,btd->bst", h @ w, h), axis=-1)   # the big residual
+    return h + jnp.tanh(jnp.einsum("bst,btd->bsd", probs, h)), None
+  def loss(ws, x):
+    return jnp.mean(jax.lax.scan(layer, x, ws)[0] ** 2)
+  analysis = symmem.analyze(jax.grad(loss), jnp.ones((3, 8, 8)) / 8, jnp.ones((2, 4, 8)),
+                            polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 64",))
+  residuals = [line for line in analysis.plan.splitlines() if "scan residual" in line]
+  assert residuals and not any("(loss)" in line for line in residuals)   # not the scan's line
+  marker = "probs = jax.nn.softmax("
+  line = next(k for k, text in enumerate(open(__file__), 1) if marker in text)
+  assert any(f"test_loop_remat.py:{line}:" in r and "[3, b, s, s]" in r for r in residuals)

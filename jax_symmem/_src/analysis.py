@@ -23,7 +23,8 @@ from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src import sharding as sharding_lib
-from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError, sizes
+from jax_symmem._src.budget import sizes
+from jax_symmem._src.errors import BudgetError, PlanningError, ShapeError, SymmemError
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram
 
@@ -115,6 +116,7 @@ class Analysis:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_peaks:   # the run-time decision asks for these often
+      self.check_dims(dims)
       r = self.rounds[k]
       self._round_peaks[key] = memory.peak_at(r.graph, dims, r.program, self.round_order(k, dims))
     return self._round_peaks[key]
@@ -207,16 +209,40 @@ class Analysis:
     return fn
 
   # -- reports --
+  def check_dims(self, dims: Mapping[str, int]) -> None:
+    """Raises unless `dims` names every dim of the step, no other, and meets the
+    constraints: the plan holds within them only (ValueError, ShapeError)."""
+    cons = self.traced.constraints
+    known = (set(self.traced.dims) | {v for v, _, _ in cons.bounds}
+             | {v for v, _ in cons.substitutions})
+    unknown = sorted(set(dims) - known)
+    if unknown:
+      raise ValueError(f"unknown dims {', '.join(unknown)}: {self.traced.fun_name}'s dims are "
+                       f"{', '.join(self.traced.dims)}")
+    try:
+      env = cons.complete(dims)
+    except KeyError:
+      env = dims
+    missing = sorted(set(self.traced.dims) - set(env))
+    if missing:
+      raise ValueError(f"give every dim of {self.traced.fun_name}: {', '.join(missing)} missing "
+                       f"from {dict(dims)}")
+    problem = cons.violation(env)
+    if problem:
+      raise ShapeError(f"{dict(dims)} is outside the constraints the plan was made for: {problem}")
+
   def peak_bytes(self, **dims: int) -> int:
     """Modeled peak of the optimized step as dispatched at these dims and the budget."""
     return self.round_peak(self.choose_round(dims, self.memory_budget), dims)
 
   def baseline_peak_bytes(self, **dims: int) -> int:
     """Modeled peak in trace order without rematerialization."""
+    self.check_dims(dims)
     return memory.peak_at(self.graph, dims)
 
   def static_peak_bytes(self, **dims: int) -> int:
     """The same pipeline planned with exact shapes (the paper's static anchor)."""
+    self.check_dims(dims)
     sched, rounds, _ = _plan(self.graph, dims)
     peaks = [memory.peak_at(self.graph, dims, order=sched.order)] + [
         r.peak_at(dims) for r in rounds[1:]]

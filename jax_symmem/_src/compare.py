@@ -63,10 +63,13 @@ def compare(lhs, rhs, *, constraints: constraints_lib.ConstraintsLike = ()) -> O
 
   `lhs`, `rhs`: a Poly, an int, a JAX symbolic dimension, or a string in
   jax.export syntax ("4*b*s*11008", "b*s^2", "floordiv(s, 2)").
-  `constraints`: strings such as ("s <= 4096", "s == 128*k") or a `Constraints`.
+  `constraints`: strings such as ("s <= 4096", "s == 128*k") or a `Constraints`;
+  ConstraintError where they allow no dims at all.
   """
   lp, rp = _as_poly(lhs), _as_poly(rhs)
   cons = _as_constraints(constraints, lp.variables() | rp.variables())
+  if cons.inequalities:   # no allowed dims at all would make any answer vacuously true
+    check_feasible(cons)
   return compare_polys(lp, rp, cons)
 
 

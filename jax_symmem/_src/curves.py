@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import numbers
 from typing import Iterable, Mapping
 
+from jax_symmem._src import budget as budget_lib
 from jax_symmem._src.errors import BudgetError
 
-_ANALYSIS_BUDGET = object()   # default of `budget`: the analysis's own memory_budget
 
 CURVES = ("baseline", "scheduled", "dispatched", "static")
 
@@ -28,8 +29,16 @@ def sweep(**dims: int | Iterable[int]) -> list[dict[str, int]]:
 
   `sweep(b=4, s=range(16, 65, 16))` -> [{'b': 4, 's': 16}, ..., {'b': 4, 's': 64}].
   """
+  values = []
+  for name, v in dims.items():
+    if isinstance(v, numbers.Integral):   # NumPy integers too
+      values.append([int(v)])
+      continue
+    items = list(v) if isinstance(v, Iterable) and not isinstance(v, (str, bytes)) else None
+    if items is None or not all(isinstance(x, numbers.Integral) for x in items):
+      raise TypeError(f"sweep({name}=...): give an int or an iterable of ints, got {v!r}")
+    values.append([int(x) for x in items])
   names = list(dims)
-  values = [[int(v)] if isinstance(v, int) else [int(x) for x in v] for v in dims.values()]
   return [dict(zip(names, combo)) for combo in itertools.product(*values)]
 
 
@@ -91,20 +100,21 @@ class MemoryCurves:
     return "\n".join(lines)
 
 
-def memory_curves(analysis, shapes: Iterable[Mapping[str, int]], *, budget=_ANALYSIS_BUDGET,
+def memory_curves(analysis, shapes: Iterable[Mapping[str, int]], *,
+                  budget=budget_lib.ANALYSIS_BUDGET,
                   static: bool = False) -> MemoryCurves:
   """Modeled peaks of `analysis` at every shape in `shapes` (e.g. from `sweep`).
 
-  budget: bytes, or None for no budget; default: the analysis's own
-  `memory_budget`. With the analysis's budget, `dispatched[i]` equals
+  budget: bytes or a size such as '200MiB', or None for no budget; default: the
+  analysis's own `memory_budget`. With the analysis's budget, `dispatched[i]` equals
   `analysis.peak_bytes(**shapes[i])` (None where that raises BudgetError).
   static: also compute `static_peak_bytes` at every shape (slow: it replans).
   """
   shapes = tuple(dict(s) for s in shapes)
-  if budget is _ANALYSIS_BUDGET:
+  if budget is budget_lib.ANALYSIS_BUDGET:
     budget = analysis.memory_budget
-  elif budget is not None:
-    budget = int(budget)
+  else:
+    budget = budget_lib.bytes_only(budget)
   baseline, scheduled, dispatched, rounds = [], [], [], []
   for dims in shapes:
     baseline.append(analysis.baseline_peak_bytes(**dims))

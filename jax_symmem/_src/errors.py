@@ -30,11 +30,3 @@ class PlanningError(SymmemError):
   `symmem.jit` falls back to `jax.jit` for that step (with a warning), as for an op the
   pipeline cannot handle."""
 
-
-def sizes(*nbytes: int) -> tuple[str, ...]:
-  """Byte counts for a message, compared with each other: MiB to one decimal, or exact
-  bytes where two would read the same or one would read 0.0 MiB."""
-  mib = tuple(f"{n / 2**20:.1f} MiB" for n in nbytes)
-  if len(set(mib)) < len(mib) or any(n < 2**20 / 20 for n in nbytes):
-    return tuple(f"{n:,} bytes" for n in nbytes)
-  return mib

@@ -27,7 +27,6 @@ import dataclasses
 import functools
 import gc
 import math
-import re
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
@@ -35,6 +34,8 @@ from absl import logging
 import jax
 
 from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src import budget as budget_lib
+from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src.device import agreed_footprint as _agreed_footprint
 from jax_symmem._src.device import agreed_reserved as _agreed_reserved
 from jax_symmem._src.device import device_memory as _device_memory
@@ -49,43 +50,21 @@ from jax_symmem._src.variants import (  # noqa: F401
     CPU_COMPILER_OPTIONS, FAST_PATH_CPU_OPTIONS, GPU_COMPILER_OPTIONS,
     IMPOSE_MIN_BYTES, MAX_RECOMPILES)
 
-_BUDGET_FORMS = ("bytes (an int), a fraction of device memory (a float in (0, 1]), or a size "
-                 "such as '200MiB' or '6 GiB' (units B, KiB, MiB, GiB, TiB)")
-_BINARY_UNITS = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30, "TiB": 2**40}
-
-
-def parse_budget(memory_budget):
-  """The budget as given, a size string ('200MiB') as bytes; checks the type without
-  asking the device (symmem.jit may be built before jax.distributed.initialize)."""
-  if memory_budget is None or (isinstance(memory_budget, (int, float))
-                               and not isinstance(memory_budget, bool)):
-    return memory_budget
-  if isinstance(memory_budget, str):
-    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([KMGT]iB|B)\s*", memory_budget)
-    if m:   # binary units only: whether 'MB' means 10**6 or 2**20 bytes is a guess
-      return int(float(m.group(1)) * _BINARY_UNITS[m.group(2)])
-    raise ValueError(f"memory_budget={memory_budget!r}: give {_BUDGET_FORMS}")
-  raise TypeError(f"memory_budget must be {_BUDGET_FORMS}; got {type(memory_budget).__name__}")
-
 
 def resolve_budget(memory_budget) -> int | None:
   """Bytes; a float in (0, 1] is a fraction of the device's memory; a string a size
   ('200MiB'); None: the device limit."""
-  memory_budget = parse_budget(memory_budget)
+  memory_budget = budget_lib.parse(memory_budget)
   _, limit = _device_memory()
   if memory_budget is None:
     return limit
   if isinstance(memory_budget, float):
-    if not 0 < memory_budget <= 1:
-      raise ValueError(f"a fractional memory_budget must be in (0, 1], got {memory_budget}")
     if limit is None:
       raise ValueError(
           f"memory_budget={memory_budget} is a fraction of device memory, but "
           f"{jax.devices()[0].platform} reports no memory limit; give the budget in bytes")
     return int(memory_budget * limit)
-  if int(memory_budget) <= 0:
-    raise ValueError(f"memory_budget must be positive, got {memory_budget}")
-  return int(memory_budget)
+  return memory_budget
 
 
 @dataclasses.dataclass
@@ -112,9 +91,10 @@ class SymmemFunction:
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
-    self._constraints = tuple(constraints)
+    # Malformed constraints (or one string for a tuple of them) fail here, not at a call.
+    self._constraints = constraints_lib.parse_constraints(constraints).source
     self._budget_arg = memory_budget
-    parse_budget(memory_budget)   # a malformed budget fails here, not at the first call
+    budget_lib.parse(memory_budget)   # a malformed budget fails here, not at the first call
     self._plan_cache_dir = plan_cache_dir
     self._static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
                                         else set(static_argnums)))
@@ -217,21 +197,25 @@ class SymmemFunction:
 
   def variants(self) -> list[dict]:
     """Each compiled executable: dims, eviction round, XLA's footprint in bytes
-    (`memory_analysis()`: arguments + outputs + temps - aliased) and whether it was
-    compiled with the memory-saving options."""
+    (`memory_analysis()`: arguments + outputs + temps - aliased), whether it was
+    compiled with the memory-saving options, and the XLA options it was compiled with
+    (`compiler_options`; {} exactly as jax.jit)."""
     with self._lock:
       return [v.describe() for e in self._entries.values() for v in e.variants.values()]
 
   def compiled(self, **dims: int) -> list[variants_lib.Variant]:
-    """The variants compiled at these dims (all when none are given), with their
-    executables (`.executable`: e.g. `.as_text()`, `.memory_analysis()`)."""
+    """The variants compiled at dims matching these (all when none are given: `b=4`
+    alone gives every length at b=4), with their executables (`.executable`: e.g.
+    `.as_text()`, `.memory_analysis()`)."""
     with self._lock:
       return [v for e in self._entries.values() for v in e.variants.values()
-              if not dims or dict(v.dims) == dims]
+              if all(v.dims.get(k) == x for k, x in dims.items())]
 
   def calibration(self) -> list[dict[int, float]]:
     """Per set of static arguments: round -> XLA's footprint / the modeled peak, from
-    the variants compiled with the memory-saving options (what `best_round` scales by)."""
+    the variants compiled under a budget, whose XLA options let memory_analysis() see
+    every buffer (what `best_round` scales by); not from variants compiled exactly as
+    jax.jit (no budget)."""
     with self._lock:
       return [dict(e.calibration) for e in self._entries.values() if e.analysis is not None]
 

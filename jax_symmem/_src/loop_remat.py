@@ -232,8 +232,20 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
       if saved.evaluate(env) <= 0:
         continue
       out.append(LoopEviction(fi, j, f.outputs[j], saved,
-                              _cost(graph, state, replay) - base_cost, f.source))
+                              _cost(graph, state, replay) - base_cost, _source_of(f, j)))
   return out
+
+
+def _source_of(scan: Node, j: int) -> str:
+  """Where the per-iteration value that scan output j stacks was written (the op in the
+  layer's code, with its module scope), not the scan's own line; the scan's where the
+  body only forwards it."""
+  body = _body(scan)
+  value = body.outputs[j]
+  for node in body.nodes:
+    if not isinstance(value, Const) and value in node.outputs:
+      return node.source
+  return scan.source
 
 
 # --- the rewrite ----------------------------------------------------------------------------

@@ -2,16 +2,31 @@
 
 from __future__ import annotations
 
+from jax_symmem._src import budget as budget_lib
 from jax_symmem._src.ir import source_label
 from jax_symmem._src.shape_graph import ShapeGraph
+
+
+def _graph_of(x) -> ShapeGraph:
+  """The shape graph of a ShapeGraph, an Analysis (`.graph`) or a TracedProgram."""
+  if isinstance(x, ShapeGraph):
+    return x
+  if isinstance(getattr(x, "graph", None), ShapeGraph):
+    return x.graph
+  if hasattr(x, "closed_jaxpr") and hasattr(x, "in_specs"):
+    return ShapeGraph(x)
+  raise TypeError(f"expected a ShapeGraph, TracedProgram or Analysis, got {type(x).__name__}")
 
 
 def _mib(n: int) -> str:
   return f"{n / 2**20:,.1f} MiB"
 
 
-def shape_report(graph: ShapeGraph, top: int = 8) -> str:
-  """Dims, constraints, graph statistics, the largest values and how their sizes compare."""
+def shape_report(graph, top: int = 8) -> str:
+  """Dims, constraints, graph statistics, the largest values and how their sizes compare.
+
+  `graph`: a `ShapeGraph`, or the `TracedProgram` / `Analysis` it comes from."""
+  graph = _graph_of(graph)
   tp = graph.traced
   at = graph.max_dims()
   at_str = ", ".join(f"{k}={v}" for k, v in at.items())
@@ -44,10 +59,13 @@ def shape_report(graph: ShapeGraph, top: int = 8) -> str:
   return "\n".join(lines)
 
 
-def memory_report(analysis, shapes, budget: int | None = None) -> str:
-  """Modeled peaks per shape: trace order, scheduled, and as dispatched under `budget`."""
+def memory_report(analysis, shapes, budget=budget_lib.ANALYSIS_BUDGET) -> str:
+  """Modeled peaks per shape: trace order, scheduled, and as dispatched under `budget`
+  (bytes or a size such as '200MiB', None for none; default the analysis's own)."""
   import dataclasses
   from jax_symmem._src.errors import BudgetError
+  budget = (analysis.memory_budget if budget is budget_lib.ANALYSIS_BUDGET
+            else budget_lib.bytes_only(budget))
   a = dataclasses.replace(analysis, memory_budget=budget)
   head = "as dispatched" + (f" (budget {_mib(budget)})" if budget else " (no budget)")
   lines = [f"modeled peak memory per shape (jaxpr-level model, MiB):",

@@ -480,7 +480,7 @@ def _user_frame(tb) -> str | None:
 
 def _advice(e: BaseException, args=(), specs=()) -> str:
   msg = str(e)
-  if re.search(r"incompatible shapes|same shape", msg):
+  if re.search(r"incompatible shapes|same shape|different leading axis sizes", msg):
     hint = _spec_mismatches(args, specs)
     if hint:
       return hint
@@ -495,7 +495,8 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             "stride-2 stages, or keep that axis static ('_')")
   if "is inconclusive" in msg:
     return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
-            "add a constraint that decides it (e.g. 's >= 129'), or use jnp.where / lax.cond on values")
+            f"add a constraint that decides it ({_deciding_constraints(msg)}), or use "
+            "jnp.where / lax.cond on values")
   # After the control-flow case: a Python `if` on floordiv(s, 2) is that case.
   if "floordiv" in msg:
     return ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
@@ -512,6 +513,22 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _deciding_constraints(msg: str) -> str:
+  """For jax's "comparison 'A' > 'B' is inconclusive": the two constraints that decide it,
+  one making it true for every allowed shape, one false."""
+  m = re.search(r"comparison '(.+?)' (>=|<=|>|<) '(.+?)' is inconclusive", msg)
+  if not m:
+    return "e.g. 's >= 129'"
+  lhs, op, rhs = m.groups()
+  def shifted(k):   # rhs + k
+    return str(int(rhs) + k) if re.fullmatch(r"-?\d+", rhs) else f"{rhs} {'+-'[k < 0]} {abs(k)}"
+  true, false = {">": ((">=", 1), ("<=", 0)), ">=": ((">=", 0), ("<=", -1)),
+                 "<": (("<=", -1), (">=", 0)), "<=": (("<=", 0), (">=", 1))}[op]
+  as_string = lambda rel, k: f"'{lhs} {rel} {shifted(k) if k else rhs}'"
+  return (f"{as_string(*true)} if {lhs} {op} {rhs} holds for all your batches, "
+          f"{as_string(*false)} if it never does")
 
 
 def _spec_mismatches(args, specs) -> str:

@@ -17,7 +17,8 @@ from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import fence
 from jax_symmem._src import interpret
 from jax_symmem._src import tracing
-from jax_symmem._src.errors import BudgetError, sizes
+from jax_symmem._src.budget import sizes
+from jax_symmem._src.errors import BudgetError
 
 # XLA:CPU options for variants compiled under a memory budget: keep our fences
 # (F1); XLA's memory-optimized scheduler (lowest real peak at most lengths in
