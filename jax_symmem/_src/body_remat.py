@@ -63,9 +63,13 @@ class BodyEviction:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     info = graph.values[self.value]
     where = source_label(self.source, info.primitive)
-    return (f"evict {info.shape_str()} from {where} inside a scan body (each of its "
-            f"{self.trips} iterations): saves {self.saved} B, recompute "
-            f"{len(self.item.nodes)} op(s) = {self.cost} FLOPs"
+    if isinstance(self.item, loop_remat.LoopEviction):   # a residual of a scan pair inside
+      what = f"scan residual {info.shape_str()}"
+      how = "regenerated in the backward scan; recompute"
+    else:
+      what, how = info.shape_str(), f"recompute {len(self.item.nodes)} op(s) ="
+    return (f"evict {what} from {where} inside a scan body (each of its {self.trips} "
+            f"iterations): saves {self.saved} B, {how} {self.cost} FLOPs"
             + at_dims(graph, self.saved, self.cost, dims))
 
 

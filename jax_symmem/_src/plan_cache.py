@@ -141,8 +141,8 @@ def _item_from_json(d: Mapping):
                                    str(d["source"]))
   if d["kind"] == "body":
     item = _item_from_json(d["item"])
-    if not isinstance(item, remat.Region):
-      raise ValueError("a scan body's eviction must be a region")
+    if isinstance(item, body_remat.BodyEviction):
+      raise ValueError("a scan body's eviction must be a region or a scan residual")
     return body_remat.BodyEviction(int(d["node"]), item, poly_from_json(d["trips"]))
   if d["kind"] == "region":
     return remat.Region(int(d["value"]), int(d["consumer"]), ints(d["nodes"]),

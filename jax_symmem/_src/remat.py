@@ -246,8 +246,11 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops):
   if not body_remat.plannable(node, paired) or memory.transient(graph, node).evaluate(env) <= 0:
     return [], DecisionCounts()
   body = node.subprograms[0]
+  # The body's own forward/backward scan pairs too (accumulation over a scanned model):
+  # derived afresh from the body as it stands, so a pair rewritten in an earlier round
+  # offers its remaining residuals.
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
-               node_flops=node_flops, descend=False)
+               node_flops=node_flops, loops=loop_remat.scan_pairs(body), descend=False)
   trips = scan_length(node)
   return [body_remat.BodyEviction(index, r, trips) for r in inner.regions], inner.counts
 
@@ -519,9 +522,11 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction |
   program, loops = last.program, dict(last.loops)
   inside = [r for r in chosen if isinstance(r, body_remat.BodyEviction)]
   for index in sorted({r.node for r in inside}):
-    body = program.nodes[index].subprograms[0]
+    items = [r.item for r in inside if r.node == index]
+    body = _evict_residuals(program.nodes[index].subprograms[0],
+                            [r for r in items if isinstance(r, loop_remat.LoopEviction)])
     new_body, body_order, _ = apply_regions(
-        body, range(len(body.nodes)), [r.item for r in inside if r.node == index])
+        body, range(len(body.nodes)), [r for r in items if isinstance(r, Region)])
     program = body_remat.rebuild(program, index, new_body, body_order)
   evictions = [r for r in chosen if isinstance(r, loop_remat.LoopEviction)]
   for fi in sorted({r.forward for r in evictions}):
@@ -532,6 +537,16 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction |
   loops = {fi: s.renamed(program, rewritten) for fi, s in loops.items()}
   return Round(tuple(chosen), blocks, rewritten, new_order,
                last.graph.extended(rewritten, _copies(rewritten, blocks)), loops)
+
+
+def _evict_residuals(body: Program, evictions: Sequence[loop_remat.LoopEviction]) -> Program:
+  """`body` (of a scan) with its scan pairs rewritten to regenerate `evictions`; the pairs
+  as they stand in `body` (one rewritten in an earlier round is rewritten again)."""
+  for fi in sorted({e.forward for e in evictions}):
+    state = loop_remat.scan_pairs(body)[fi]
+    body, _ = loop_remat.rewrite(body, state, frozenset(e.output for e in evictions
+                                                        if e.forward == fi))
+  return body
 
 
 class ReplayError(ValueError):
