@@ -75,17 +75,19 @@ def _llama(scan: bool, annotated: bool = False) -> Workload:
       (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
 
 
-def _llama_accum() -> Workload:
+def _llama_accum(scan: bool = False) -> Workload:
   # Gradient accumulation: the step scans over m = 2 microbatches of 2 sequences (the
   # same 4 sequences per update as the other workloads); per-layer checkpointing is
-  # nn.remat on each layer inside the microbatch's forward pass.
+  # nn.remat on each layer inside the microbatch's forward pass. With `scan`, the layers
+  # are an nn.scan inside each microbatch's pass (a scan pair inside the body).
   from jax_symmem.examples import llama
   cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
   def batch(s):
     return tuple(x.reshape(2, 2, s) for x in llama.example_batch(cfg, 4, s))
   return Workload(
-      "llama_accum", lambda policy: llama.accumulating_train_step_fn(llama.Llama(cfg, policy)),
-      lambda: llama.init_state(cfg), batch, lambda s: {"m": 2, "b": 2, "s": s},
+      "llama_scan_accum" if scan else "llama_accum",
+      lambda policy: llama.accumulating_train_step_fn(llama.Llama(cfg, policy, scan)),
+      lambda: llama.init_state(cfg, scan_layers=scan), batch, lambda s: {"m": 2, "b": 2, "s": s},
       (None, "m, b, s", "m, b, s"), llama.step_constraints(512, 4) + ("m <= 4",),
       (128, 256, 512))
 
@@ -127,6 +129,7 @@ WORKLOADS = {
     "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
     "llama_scan_remat": lambda: _llama(True, annotated=True), "nnx_scan": _nnx_scan,
     "gpt2": _gpt2, "t5": _t5, "llama_accum": _llama_accum,
+    "llama_scan_accum": lambda: _llama_accum(scan=True),
 }
 
 
