@@ -653,7 +653,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(
         f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
-        + (f" at {where}" if where else "") + f": {first}\nWhat to do: {_advice(e, args, specs)}") from e
+        + (f" at {where}" if where else "")
+        + f": {first}\nWhat to do: {_advice(e, args, specs)}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
   return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,
