@@ -269,3 +269,13 @@ def test_nested_rounds_replay_from_a_plan_file(tmp_path):
   assert cold.origin == "planned" and warm.origin != "planned" and _body_evictions(cold)
   test_plan_cache._assert_same_plan(cold, warm, dims=({"m": 2, "b": 4, "s": 64},))
   assert warm.plan == cold.plan
+
+
+def test_no_value_is_attributed_to_jax_symmems_own_code(nested):
+  # A rewritten scan body is re-traced from the planner: its ops' frames are ours, and
+  # the frames beyond them the planner's caller; neither is where the op was written.
+  for analysis in (nested, _analyze(True)):
+    for r in analysis.rounds:
+      for _, node in r.program.walk():
+        assert "jax_symmem/_src" not in node.source and "jax_symmem\\_src" not in node.source
+    assert "tracing.py" not in analysis.plan

@@ -129,3 +129,16 @@ def test_first_round_reads_peaks_only_up_to_the_first_that_fits():
   assert analysis.first_round(Peaks(), lambda b: b <= 200) == (1, True)
   assert read == [0, 1]
   assert analysis.first_round([300, 120, 120, 200], lambda b: b <= 100) == (1, False)  # earliest of equals
+
+
+def test_the_fallback_is_the_planners_last_round_not_the_step_as_written():
+  # An annotated step keeps its round as written after the planned ones (here round 5);
+  # it can need more memory than the planner's last round (a probe: 12.5-13.0 MiB
+  # against 10.6 MiB, and BudgetError after 4 compiles although rounds 8-11 fit).
+  peaks = [100, 90, 80, 70, 60, 95]
+  xla = [int(1.3 * p) for p in peaks]   # the model underestimates every round
+  fits = lambda b: b <= 80
+  k, _ = analysis.first_round(peaks, fits)
+  assert k == 2 and not fits(xla[k])
+  tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, last=4)
+  assert [j for j, _ in tried] == [2, 4] and fits(tried[-1][1])

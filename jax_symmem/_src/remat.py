@@ -549,6 +549,17 @@ def _evict_residuals(body: Program, evictions: Sequence[loop_remat.LoopEviction]
   return body
 
 
+def last_planned(rounds: Sequence[Round]) -> int:
+  """The index of the planner's last round: the step as written (`as_written`), where
+  kept as a round, comes after it and may need more memory than the rounds before."""
+  if isinstance(rounds, ReplayedRounds):
+    return rounds.last_planned
+  k = len(rounds) - 1
+  while k > 0 and rounds[k].as_written:
+    k -= 1
+  return k
+
+
 class ReplayError(ValueError):
   """Stored decisions that do not rebuild a valid round of the traced program."""
 
@@ -572,6 +583,11 @@ class ReplayedRounds(collections.abc.Sequence):
 
   def __len__(self) -> int:
     return 1 + len(self._chosen) + len(self._extra)
+
+  @property
+  def last_planned(self) -> int:
+    """The planner's last round (without rebuilding any): the extras follow it."""
+    return len(self._chosen)
 
   def __getitem__(self, k):
     if isinstance(k, slice):

@@ -154,6 +154,10 @@ def _source(eqn) -> str:
   (a flax LayerNorm's ops point at the line that called it, not into flax), and the
   name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules)."""
   frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+  # Innermost first. Our own frame means a rewrite bound the op (a re-traced scan body):
+  # the frames beyond it are the planner's caller, not where the op was written.
+  mine = next((i for i, f in enumerate(frames) if _OURS.search(f.file_name)), len(frames))
+  frames = frames[:mine]
   frame = next((f for f in frames if not _LIBRARY.search(f.file_name)),
                frames[0] if frames else None)
   where = source_info_util._summarize_frame(frame) if frame else ""
@@ -165,6 +169,7 @@ def _source(eqn) -> str:
 
 
 _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]")
+_OURS = re.compile(r"[/\\]jax_symmem[/\\]_src[/\\]")
 _TRANSFORM = re.compile(r"\b\w+\(([^()]*)\)")
 
 

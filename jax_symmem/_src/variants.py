@@ -17,6 +17,7 @@ from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import body_remat
 from jax_symmem._src import fence
 from jax_symmem._src import interpret
+from jax_symmem._src import remat
 from jax_symmem._src import tracing
 from jax_symmem._src.budget import sizes
 from jax_symmem._src.errors import BudgetError
@@ -194,7 +195,8 @@ def earlier_round(peaks: Sequence[int], k: int, size: int, fits: Callable[[int],
 def search_rounds(peaks: Sequence[int], k: int, predicted: float,
                   xla_bytes: Callable[[int], int], fits: Callable[[int], bool],
                   max_recompiles: int = MAX_RECOMPILES,
-                  scale: Mapping[int, float] | None = None) -> list[tuple[int, int]]:
+                  scale: Mapping[int, float] | None = None,
+                  last: int | None = None) -> list[tuple[int, int]]:
   """[(round, XLA's figure)] in the order compiled: round k (chosen by `predicted`),
   then while XLA reports the last one over budget, `next_round`, else the planner's
   last round, then round 0 (as jax.jit would compile the step: XLA may fit it where
@@ -203,8 +205,9 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
   another: no BudgetError before they are tried), at most `max_recompiles` more.
   Where round k fits at once, `earlier_round` may add one compile of a round that
   recomputes less (only given `scale`, XLA/model ratios known from other shapes: under
-  a budget). `xla_bytes(k)` compiles round k."""
-  last = len(peaks) - 1
+  a budget). `xla_bytes(k)` compiles round k. `last`: the planner's last round
+  (default the last of `peaks`; an annotated step's round as written comes after it)."""
+  last = len(peaks) - 1 if last is None else last
   compiled: list[tuple[int, int]] = []
   while True:
     size = xla_bytes(k)
@@ -219,7 +222,7 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     tried = {j for j, _ in compiled}
     nxt = next_round(peaks, k, size, predicted, tried, fits)
     if nxt is None and {last, 0} <= tried:
-      nxt = min((j for j in range(last + 1) if j not in tried),
+      nxt = min((j for j in range(len(peaks)) if j not in tried),
                 key=lambda j: (peaks[j], j), default=None)
     nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
     if nxt is None:
@@ -240,7 +243,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   variant compiled); raises BudgetError when none fits.
   """
   env = analysis.graph.constraints.complete(dims)
-  last = len(analysis.rounds) - 1
+  last = remat.last_planned(analysis.rounds)
   compiled: list[Variant] = []
 
   def compile_round(k: int) -> int:
@@ -262,7 +265,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
 
   peaks = analysis_lib.RoundPeaks(analysis, dims)
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
-                policy.max_recompiles, None if policy.budget is None else dict(calibration))
+                policy.max_recompiles, None if policy.budget is None else dict(calibration),
+                last)
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
@@ -273,7 +277,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
         f"{smallest} for the smallest variant compiled (round "
-        f"{best.round} of {last}" + (", the planner's last" if best.round == last else "")
+        f"{best.round} of {len(analysis.rounds) - 1}"
+        + (", the planner's last" if best.round == last else "")
+        + (", the step as written" if analysis.rounds[best.round].as_written else "")
         + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above the "
         f"{budget} budget" + (f" less {reserved[0]} held by other live arrays"
                               if policy.reserved else "")
