@@ -242,10 +242,9 @@ def _source_of(scan: Node, j: int) -> str:
   body only forwards it."""
   body = _body(scan)
   value = body.outputs[j]
-  for node in body.nodes:
-    if not isinstance(value, Const) and value in node.outputs:
-      return node.source
-  return scan.source
+  producer = (None if isinstance(value, Const) else
+              next((node for node in body.nodes if value in node.outputs), None))
+  return scan.source if producer is None else producer.source
 
 
 # --- the rewrite ----------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 from jax_symmem._src import budget as budget_lib
 from jax_symmem._src.ir import source_label
 from jax_symmem._src.shape_graph import ShapeGraph
+from jax_symmem._src.tracing import TracedProgram
 
 
 def _graph_of(x) -> ShapeGraph:
@@ -13,7 +14,7 @@ def _graph_of(x) -> ShapeGraph:
     return x
   if isinstance(getattr(x, "graph", None), ShapeGraph):
     return x.graph
-  if hasattr(x, "closed_jaxpr") and hasattr(x, "in_specs"):
+  if isinstance(x, TracedProgram):
     return ShapeGraph(x)
   raise TypeError(f"expected a ShapeGraph, TracedProgram or Analysis, got {type(x).__name__}")
 
