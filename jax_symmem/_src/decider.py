@@ -109,7 +109,8 @@ class Decider:
     """Adds comparisons with these `lookup` outcomes (or outcome: how many) to `counts`
     (None: static, uncounted)."""
     counts = self.counts
-    tally = outcomes if isinstance(outcomes, Mapping) else collections.Counter(outcomes)
+    # (a dict is the scheduler's hot path; Counter takes any other Mapping's counts as given)
+    tally = outcomes if isinstance(outcomes, dict) else collections.Counter(outcomes)
     for outcome, n in tally.items():
       if outcome is not None:
         counts.comparisons += n

@@ -9,6 +9,8 @@ control-flow node keeps its bodies as nested `Program`s (`Node.subprograms`).
 from __future__ import annotations
 
 import dataclasses
+import functools
+import itertools
 import re
 from typing import Any, Mapping
 
@@ -39,6 +41,12 @@ class Node:
   def name(self) -> str:
     return self.primitive.name
 
+  @functools.cached_property
+  def operands(self) -> tuple[int, ...]:
+    """The value ids among `inputs` (constants left out), in order, repeats kept:
+    what liveness and dataflow read, on every planning round's hot path."""
+    return tuple(x for x in self.inputs if not isinstance(x, Const))
+
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Program:
@@ -53,7 +61,7 @@ class Program:
             f"{len(self.outputs)} outputs)")
 
   def value_ids(self) -> tuple[int, ...]:
-    return self.inputs + tuple(v for n in self.nodes for v in n.outputs)
+    return self.inputs + tuple(itertools.chain.from_iterable(n.outputs for n in self.nodes))
 
   def walk(self):
     """Yields (program, node) for this program and every nested subprogram."""
@@ -65,10 +73,8 @@ class Program:
   def max_id(self) -> int:
     """The largest value id here or in any subprogram (-1 if none): a rewrite's new
     values start above it."""
-    ids = list(self.inputs)
-    for n in self.nodes:
-      ids.extend(n.outputs)
-      ids.extend(sub.max_id() for sub in n.subprograms)
+    ids = itertools.chain(self.inputs, itertools.chain.from_iterable(n.outputs for n in self.nodes),
+                          (sub.max_id() for n in self.nodes for sub in n.subprograms))
     return max(ids, default=-1)
 
 

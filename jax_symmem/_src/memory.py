@@ -61,14 +61,12 @@ def aliased_operands(node: Node) -> Mapping[int, int]:
 def buffers(program: Program) -> dict[int, int]:
   """Each value id -> the buffer it lives in: its own id, or the buffer of the operand
   it aliases (`ALIAS_RULES`). Liveness is per buffer."""
-  buffer: dict[int, int] = {v: v for v in program.inputs}
+  buffer: dict[int, int] = {v: v for v in program.value_ids()}
   parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
-    aliases = aliased_operands(node)
-    for k, o in enumerate(node.outputs):
-      buffer[o] = o
-      if k in aliases:
-        parent[o] = node.inputs[aliases[k]]
+    if node.name in ALIAS_RULES:
+      for k, i in aliased_operands(node).items():
+        parent[node.outputs[k]] = node.inputs[i]
   for o in parent:
     root = o
     while root in parent:
@@ -334,11 +332,11 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   buffer = buffers(program)
   pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
   pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
-  used = {buffer[x] for n in program.nodes for x in n.inputs if not isinstance(x, Const)}
+  used = {buffer[x] for n in program.nodes for x in n.operands}
   index: dict[int, int] = {}
   use_node, use_buf, owned, doa = [], [], [], []
   for i, node in enumerate(program.nodes):
-    for b in {buffer[x] for x in node.inputs if not isinstance(x, Const)} - pinned:
+    for b in {buffer[x] for x in node.operands} - pinned:
       use_node.append(i)
       use_buf.append(index.setdefault(b, len(index)))
     for o in node.outputs:
@@ -390,9 +388,8 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
   # A buffer dies at the last position where any value on it is used.
   last_use: dict[int, int] = {}
   for pos, i in enumerate(order):
-    for x in program.nodes[i].inputs:
-      if not isinstance(x, Const):
-        last_use[buffer[x]] = pos
+    for x in program.nodes[i].operands:
+      last_use[buffer[x]] = pos
   pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
   pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
 
@@ -401,7 +398,7 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
   for pos, i in enumerate(order):
     node = program.nodes[i]
     allocated = sum((size(o) for o in node.outputs if buffer[o] == o), zero)
-    dying = {buffer[x] for x in node.inputs if not isinstance(x, Const)
+    dying = {buffer[x] for x in node.operands
              if last_use.get(buffer[x]) == pos and buffer[x] not in pinned}
     dying |= {o for o in node.outputs if buffer[o] == o and o not in last_use and o not in pinned}
     freed = sum((size(b) for b in sorted(dying)), zero)

@@ -123,10 +123,10 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   pos = {i: k for k, i in enumerate(order)}
   producer = {o: n.index for n in program.nodes for o in n.outputs}
   uses: dict[int, list[int]] = {}
+  nodes = program.nodes
   for k, i in enumerate(order):
-    for x in program.nodes[i].inputs:
-      if not isinstance(x, Const):
-        uses.setdefault(x, []).append(k)
+    for x in nodes[i].operands:
+      uses.setdefault(x, []).append(k)
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
 
   def spans_peak(v) -> int | None:
@@ -295,7 +295,7 @@ def _walk_back(program: Program, producer, value, anchor, cost_of, max_cost):
         taken.add(node.index)
         nodes.append(node.index)
         cost += cost_of(node.index)
-      stack.extend(x for x in node.inputs if not isinstance(x, Const))
+      stack.extend(node.operands)
     elif v != value and anchor(v, prefer_recompute=False):
       anchors.add(v)
     else:
@@ -358,15 +358,17 @@ class _Triggers:
     last_read: dict[int, int] = {}
     depth = dict.fromkeys(program.inputs, 0)
     eligible: list[tuple[int, int]] = []
+    readers = self.readers
     for k, i in enumerate(order):
       node = program.nodes[i]
       d = 0
-      for x in node.inputs:
-        if not isinstance(x, Const):
-          last_read[x] = k
-          self.readers.setdefault(x, []).append(i)
-          d = max(d, depth[x])
-      depth.update(dict.fromkeys(node.outputs, d + 1))
+      for x in node.operands:
+        last_read[x] = k
+        readers.setdefault(x, []).append(i)
+        if depth[x] > d:
+          d = depth[x]
+      for o in node.outputs:
+        depth[o] = d + 1
       if node.primitive.name not in NOT_A_TRIGGER:
         eligible.extend((o, k) for o in node.outputs)
     made = [(o, k) for o, k in eligible if o in last_read]

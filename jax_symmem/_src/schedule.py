@@ -74,8 +74,8 @@ def _edges(program: Program):
   producer = {o: n.index for n in program.nodes for o in n.outputs}
   last_effect = None
   for n in program.nodes:
-    for x in n.inputs:
-      if not isinstance(x, Const) and x in producer:
+    for x in n.operands:
+      if x in producer:
         yield producer[x], n.index
     if n.effects:
       if last_effect is not None:
@@ -141,13 +141,14 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # (`order_for`). The ablation never reads a shape, so one point serves it.
   points = [at] if exact_env is not None or not symbolic else _points_of_interest(graph, tight)
   candidates, moves, passes, choices = {}, {}, {}, 0
+  net_bytes = _NetBytes(graph)
   for k, point in enumerate(points):
     progress.update("schedule candidates at shape of interest", k + 1, len(points))
     suffix = "" if k == 0 else "@" + ",".join(f"{v}={point[v]}" for v in sorted(graph.dims)
                                                 if v in point)
     listed = {}
     for name, list_pass in (("forward", _forward), ("backward", _backward)):
-      chooser = _Chooser(graph, Decider(graph.constraints, point, mode))
+      chooser = _Chooser(graph, Decider(graph.constraints, point, mode), net_bytes)
       listed[name] = list_pass(state, chooser)
       key = name + suffix
       if key in passes:   # shapes of interest that differ only in a var no argument's shape has
@@ -262,7 +263,9 @@ class _Profile:
   Moving node i from position p to just before position q shifts the nodes in
   between one step earlier and runs them before i: their live bytes lose i's net
   allocation, and gain the bytes of the buffers whose last read passes to i. So a
-  trial move reads a few maxima of slices of the current profile.
+  trial move reads a few maxima of slices of the current profile, and an accepted
+  one shifts a slice of it. Only the bytes while each step runs are kept (`step`);
+  the bytes live before a step are those minus what it allocates.
   """
 
   def __init__(self, tables, order: Sequence[int]):
@@ -278,16 +281,20 @@ class _Profile:
     np.maximum.at(last_pos, t.use_buf, self.pos[t.use_node])
     last = self.order[last_pos]
     self.last = last.tolist()                                 # buffer -> its last reader
-    self.alloc, self.trans = t.alloc.tolist(), t.trans.tolist()
+    self.running = (t.alloc + t.trans).tolist()               # node -> bytes it adds while it runs
     self.keep = (t.alloc - t.doa).tolist()                    # allocated and still live after
     freed = np.zeros(n, np.int64)
     np.add.at(freed, last, t.buf_size)
     self.freed = freed.tolist()                               # node -> bytes freed there
     seq = self.order
     net = t.alloc[seq] - t.doa[seq] - np.asarray(self.freed, np.int64)[seq]
-    self.before = t.arguments + np.concatenate(([0], np.cumsum(net[:-1])))
-    self.step = self.before + t.alloc[seq] + t.trans[seq]
+    before = t.arguments + np.concatenate(([0], np.cumsum(net[:-1])))
+    self.step = before + t.alloc[seq] + t.trans[seq]
     self._top = int(np.argmax(self.step)) if n else 0      # a position of the profile's max
+
+  def _before(self, k: int) -> int:
+    """Live bytes before the step at position k runs."""
+    return int(self.step[k]) - self.running[int(self.order[k])]
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
@@ -304,7 +311,8 @@ class _Profile:
       held += size
     if start < q:
       peak = max(peak, int(step[start:q].max()) + held - net)
-    peak = max(peak, int(self.before[q]) - net + held + self.alloc[i] + self.trans[i])
+    i_before = self._before(q) - net + held
+    peak = max(peak, i_before + self.running[i])
     if not p <= self._top < q:          # the max lies outside the window: nothing else can beat it
       peak = max(peak, int(step[self._top]))
     else:
@@ -312,24 +320,24 @@ class _Profile:
         peak = max(peak, int(step[:p].max()))
       if q < len(step):
         peak = max(peak, int(step[q:].max()))
-    self._pending = (i, p, q, net, handed)
+    self._pending = (i, p, q, net, handed, i_before)
     return peak
 
   def accept(self):
     """Applies the last trial move."""
-    i, p, q, net, handed = self._pending
-    shift = np.full(q - p - 1, -net, np.int64)
-    for at, size in handed:
-      shift[at - p:] += size
-    i_before = int(self.before[q]) - net + sum(size for _, size in handed)
-    self.before[p:q - 1] = self.before[p + 1:q] + shift
-    self.step[p:q - 1] = self.step[p + 1:q] + shift
-    self.before[q - 1], self.step[q - 1] = i_before, i_before + self.alloc[i] + self.trans[i]
+    i, p, q, net, handed, i_before = self._pending
+    step, order = self.step, self.order
+    step[p:q - 1] = step[p + 1:q]
+    if net:
+      step[p:q - 1] -= net
+    for at, size in handed:   # the steps after the old last reader keep the buffer too
+      step[at:q - 1] += size
+    step[q - 1] = i_before + self.running[i]
     if p <= self._top < q:
-      self._top = int(np.argmax(self.step))
+      self._top = int(np.argmax(step))
     else:
-      w = p + int(np.argmax(self.step[p:q]))
-      if self.step[w] > self.step[self._top]:
+      w = p + int(np.argmax(step[p:q]))
+      if step[w] > step[self._top]:
         self._top = w
     for b in self.reads[i]:
       j = self.last[b]
@@ -337,9 +345,9 @@ class _Profile:
         self.freed[j] -= self.size[b]
         self.freed[i] += self.size[b]
         self.last[b] = i
-    self.order[p:q - 1] = self.order[p + 1:q].copy()
-    self.order[q - 1] = i
-    self.pos[self.order[p:q]] = np.arange(p, q)
+    order[p:q - 1] = order[p + 1:q]
+    order[q - 1] = i
+    self.pos[order[p:q]] = np.arange(p, q)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -355,7 +363,7 @@ class _State:
   @functools.cached_property
   def operands(self) -> list[collections.Counter]:
     """node -> Counter of the buffers it reads (a buffer read twice counts twice)."""
-    return [collections.Counter(self.buffer[x] for x in n.inputs if not isinstance(x, Const))
+    return [collections.Counter(self.buffer[x] for x in n.operands)
             for n in self.program.nodes]
 
   @functools.cached_property
@@ -400,60 +408,115 @@ class _State:
     return succs
 
 
-class _Chooser:
-  """Picks the smallest impact among ready nodes (`decider` counts how each comparison went)."""
+class _NetBytes:
+  """Net bytes of allocating some buffers and freeing others, as polynomials, shared by
+  every list pass of one `schedule` (they do not depend on the shape of interest).
+  Keyed by the buffers' sizes, not their ids: a model's layers repeat a few sizes."""
 
-  def __init__(self, graph: ShapeGraph, decider: Decider):
+  def __init__(self, graph: ShapeGraph):
+    self.graph = graph
+    self._size_id: dict[int, int] = {}      # buffer -> index of its size in _sizes
+    self._ids: dict[Poly, int] = {}
+    self._sizes: list[Poly] = []
+    self._net: dict[tuple, Poly] = {}
+
+  def key(self, allocated, freed) -> tuple:
+    return (tuple(sorted(map(self._size_of, allocated))),
+            tuple(sorted(map(self._size_of, freed))))
+
+  def _size_of(self, b: int) -> int:
+    k = self._size_id.get(b)
+    if k is None:
+      size = self.graph.bytes(b)
+      k = self._ids.get(size)
+      if k is None:
+        k = self._ids[size] = len(self._sizes)
+        self._sizes.append(size)
+      self._size_id[b] = k
+    return k
+
+  def __call__(self, key: tuple) -> Poly:
+    net = self._net.get(key)
+    if net is None:
+      allocated, freed = key
+      total = ZERO
+      for k in allocated:
+        total = total + self._sizes[k]
+      for k in freed:
+        total = total - self._sizes[k]
+      net = self._net[key] = total
+    return net
+
+
+class _Chooser:
+  """Picks the smallest impact among ready nodes (`decider` counts how each comparison went).
+
+  An impact is a small integer naming (interned net bytes, net buffer count).
+  """
+
+  def __init__(self, graph: ShapeGraph, decider: Decider, net_bytes: _NetBytes | None = None):
     self.graph, self.decider = graph, decider
     self.choices = 0
-    self._bytes: dict[int, Poly] = {}
+    self._net_bytes = _NetBytes(graph) if net_bytes is None else net_bytes
+    self._impacts: dict[tuple, int] = {}           # net-bytes key -> impact
+    self._pairs: list[tuple[int, int]] = []        # impact -> (interned bytes, buffer count)
+    self._beats: dict[int, dict[int, tuple]] = {}  # best -> impact -> (outcome, better)
 
-  def impact(self, allocated, freed) -> tuple[int, int]:
-    """(interned bytes, buffer count) of allocating buffers `allocated` and freeing `freed`."""
-    return (self.decider.intern(self._sum(allocated) - self._sum(freed)),
-            len(allocated) - len(freed))
+  def impact(self, allocated, freed) -> int:
+    """The impact of allocating buffers `allocated` and freeing `freed`."""
+    key = self._net_bytes.key(allocated, freed)
+    k = self._impacts.get(key)
+    if k is None:
+      pair = (self.decider.intern(self._net_bytes(key)), len(allocated) - len(freed))
+      k = self._impacts[key] = len(self._pairs)
+      self._pairs.append(pair)
+    return k
 
-  def _sum(self, buffers) -> Poly:
-    total = ZERO
-    for b in buffers:
-      size = self._bytes.get(b)
-      if size is None:
-        size = self._bytes[b] = self.graph.bytes(b)
-      total = total + size
-    return total
+  def _beat(self, impact: int, best: int) -> tuple:
+    """(which count comparing `impact` with `best` adds to, whether it beats `best`)."""
+    (bytes_, count), (best_bytes, best_count) = self._pairs[impact], self._pairs[best]
+    outcome, decision = self.decider.lookup(bytes_, best_bytes)
+    return outcome, impact != best and _better(decision, count, best_count)
 
   def pick(self, ready: "_Ready") -> int:
     """The node a scan of the ready nodes in preference order would pick: the first
     whose impact beats the best so far becomes the best.
 
-    Ready nodes sharing an impact (bytes and buffer count) are one group, and a scan
-    is a few steps over the groups (a 1B-parameter step has ~125 ready nodes in ~5
-    groups): from the current best, the next best is the earliest node after it in a
-    group that beats it. Every node the scan would compare is counted, with its
-    group's outcome against the best it would meet.
+    Ready nodes sharing an impact are one group, and a scan is a few steps over the
+    groups (a 1B-parameter step has ~125 ready nodes in ~5 groups): from the current
+    best, the next best is the earliest node after it in a group that beats it. Every
+    node the scan would compare is counted, with its group's outcome against the best
+    it would meet.
     """
     self.choices += 1
     best = ready.first()
     if len(ready) == 1:
       return best
-    lookup, groups = self.decider.lookup, ready.groups
+    bisect_right = bisect.bisect_right
     outcomes: dict[str | None, int] = {}
     best_key, best_impact = ready.key(best), ready.impact_of[best]
+    # Per group: [impact, sorted keys, how many of them come before or at the best]
+    # (the best is the most preferred node at first: none of the others' keys precede it).
+    scan = [[impact, keys, int(impact == best_impact)] for impact, keys in ready.groups.items()]
     while True:
-      next_key, verdicts = None, []
-      for impact, keys in groups.items():
-        outcome, decision = lookup(impact[0], best_impact[0])
-        verdicts.append((outcome, keys))
-        if impact != best_impact and _better(decision, impact[1], best_impact[1]):
-          k = bisect.bisect_right(keys, best_key)
-          if k < len(keys) and (next_key is None or keys[k] < next_key):
-            next_key = keys[k]
+      row = self._beats.get(best_impact)
+      if row is None:
+        row = self._beats[best_impact] = {}
+      next_key = None
+      for impact, keys, k in scan:
+        verdict = row.get(impact)
+        if verdict is None:
+          verdict = row[impact] = self._beat(impact, best_impact)
+        if verdict[1] and k < len(keys) and (next_key is None or keys[k] < next_key):
+          next_key = keys[k]
       # The nodes after the best up to the next best (or the end) meet the best.
-      for outcome, keys in verdicts:
-        hi = len(keys) if next_key is None else bisect.bisect_right(keys, next_key)
-        met = hi - bisect.bisect_right(keys, best_key)
-        if met > 0:
-          outcomes[outcome] = outcomes.get(outcome, 0) + met
+      for entry in scan:
+        impact, keys, k = entry
+        hi = len(keys) if next_key is None else bisect_right(keys, next_key, k)
+        if hi > k:
+          outcome = row[impact][0]
+          outcomes[outcome] = outcomes.get(outcome, 0) + hi - k
+          entry[2] = hi
       if next_key is None:
         break
       best_key = next_key
@@ -471,10 +534,10 @@ class _Ready:
   marks it, and it is recomputed and regrouped before the next pick.
   """
 
-  def __init__(self, impact: Callable[[int], tuple[int, int]], descending: bool):
+  def __init__(self, impact: Callable[[int], int], descending: bool):
     self.impact, self.sign = impact, -1 if descending else 1
-    self.groups: dict[tuple[int, int], list[int]] = {}
-    self.impact_of: dict[int, tuple[int, int]] = {}
+    self.groups: dict[int, list[int]] = {}
+    self.impact_of: dict[int, int] = {}
     self._stale: set[int] = set()
 
   def __len__(self) -> int:
@@ -519,7 +582,7 @@ def _better(decision, count: int, best_count: int) -> bool:
   return decision.sign < 0 or (decision.sign == 0 and decision.proven and count < best_count)
 
 
-def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], tuple[int, int]],
+def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], int],
                descending: bool, blockers: Sequence[Sequence[int]],
                unblocks: Sequence[Sequence[int]], placed: Callable[[int, _Ready], None]
                ) -> list[int]:
