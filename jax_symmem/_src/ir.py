@@ -61,6 +61,11 @@ class Program:
             f"{len(self.outputs)} outputs)")
 
   def value_ids(self) -> tuple[int, ...]:
+    """The inputs, then every node's outputs (each planning round reads them a few times)."""
+    return self._value_ids
+
+  @functools.cached_property
+  def _value_ids(self) -> tuple[int, ...]:
     return self.inputs + tuple(itertools.chain.from_iterable(n.outputs for n in self.nodes))
 
   def walk(self):

@@ -255,7 +255,13 @@ class _IntTables:
       if x is None:
         x = evaluated[p] = p.evaluate(env)
       return x
-    value_bytes = {v: evaluate(graph.bytes(v)) for v in program.value_ids()}
+    known = graph.bytes_at(env)   # shared by the rounds' graphs: most values recur
+    value_bytes = {}
+    for v in program.value_ids():
+      x = known.get(v)
+      if x is None:
+        x = known[v] = evaluate(graph.bytes(v))
+      value_bytes[v] = x
     node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))
                   for n in layout.control_flow if transients(graph, n)}
     self.program, self.donated, self.layout = program, donated, layout
@@ -332,18 +338,18 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   buffer = buffers(program)
   pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
   pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
-  used = {buffer[x] for n in program.nodes for x in n.operands}
   index: dict[int, int] = {}
-  use_node, use_buf, owned, doa = [], [], [], []
+  use_node, use_buf, owned = [], [], []
   for i, node in enumerate(program.nodes):
-    for b in {buffer[x] for x in node.operands} - pinned:
-      use_node.append(i)
-      use_buf.append(index.setdefault(b, len(index)))
+    for b in {buffer[x] for x in node.operands}:
+      if b not in pinned:
+        use_node.append(i)
+        use_buf.append(index.setdefault(b, len(index)))
     for o in node.outputs:
       if buffer[o] == o:
         owned.append((i, o))
-        if o not in used and o not in pinned:
-          doa.append((i, o))
+  # Read buffers are `index`'s (pinned ones are never dead on arrival anyway).
+  doa = [(i, o) for i, o in owned if o not in index and o not in pinned]
   layout = _BufferLayout(tuple(index), np.asarray(use_node, np.int64),
                          np.asarray(use_buf, np.int64), tuple(owned), tuple(doa),
                          tuple(n for n in program.nodes if n.subprograms), len(program.nodes))

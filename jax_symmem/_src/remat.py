@@ -311,6 +311,12 @@ def compatible(active: Sequence[Region], region: Region) -> bool:
       and region.value not in evicted
 
 
+@functools.lru_cache(maxsize=1 << 14)
+def _times(a: Poly, b: Poly) -> Poly:
+  """a * b, remembered: the rounds of one plan rank mostly the same regions again."""
+  return a * b
+
+
 def _rank(regions: list[Region], decider: Decider) -> list[Region]:
   """Sort by FLOPs per byte saved: a before b iff cost_a * saved_b <= cost_b * saved_a.
 
@@ -319,7 +325,7 @@ def _rank(regions: list[Region], decider: Decider) -> list[Region]:
   """
 
   def cmp(a: Region, b: Region) -> int:
-    lhs, rhs = a.cost * b.saved, b.cost * a.saved
+    lhs, rhs = _times(a.cost, b.saved), _times(b.cost, a.saved)
     d = decider.decide(lhs, rhs)
     return decider.sign_at(lhs, rhs) if d.sign is None else d.sign
   return sorted(regions, key=functools.cmp_to_key(cmp))
@@ -352,25 +358,25 @@ class _Triggers:
   inserting blocks never reorders."""
 
   def __init__(self, program: Program, order: Sequence[int]):
-    # One pass: each value's readers and where it is last read, its depth (the longest
-    # chain of nodes back to the program's inputs), and the values a trigger may be.
-    self.readers: dict[int, list[int]] = {}
+    # One pass: where each value is last read, its depth (the longest chain of nodes
+    # back to the program's inputs), and the values a trigger may be.
     last_read: dict[int, int] = {}
     depth = dict.fromkeys(program.inputs, 0)
     eligible: list[tuple[int, int]] = []
-    readers = self.readers
+    nodes = program.nodes
     for k, i in enumerate(order):
-      node = program.nodes[i]
+      node = nodes[i]
       d = 0
       for x in node.operands:
         last_read[x] = k
-        readers.setdefault(x, []).append(i)
         if depth[x] > d:
           d = depth[x]
+      d += 1
       for o in node.outputs:
-        depth[o] = d + 1
+        depth[o] = d
       if node.primitive.name not in NOT_A_TRIGGER:
-        eligible.extend((o, k) for o in node.outputs)
+        for o in node.outputs:
+          eligible.append((o, k))
     made = [(o, k) for o, k in eligible if o in last_read]
     self.values = [o for o, _ in made]
     self.index = {o: j for j, o in enumerate(self.values)}
@@ -388,6 +394,16 @@ class _Triggers:
     return self.values[j] if depth[j] >= 0 else None
 
 
+def _readers(program: Program, values: set) -> dict[int, list[int]]:
+  """The nodes that read each of `values`, in node order."""
+  readers: dict[int, list[int]] = {}
+  for node in program.nodes:
+    for x in node.operands:
+      if x in values:
+        readers.setdefault(x, []).append(node.index)
+  return readers
+
+
 def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Region]
                   ) -> tuple[Program, tuple[int, ...], tuple[Block, ...]]:
   """The program with `regions` applied, its order (recomputation right before each
@@ -403,21 +419,24 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   avals = dict(program.avals)
   next_id = program.max_id() + 1
   position = {i: k for k, i in enumerate(order)}
-  triggers_of = _Triggers(program, order)
-  readers = triggers_of.readers
-  order = list(order)
-  rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
-  fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
   groups: dict[int, list[Region]] = {}
   for r in regions:
     groups.setdefault(r.consumer, []).append(r)
+  consumers = sorted(groups, key=position.__getitem__)
+  triggers_of = _Triggers(program, order)
+  trigger_of = {c: triggers_of.at(position[c], {a for r in groups[c] for a in r.anchors}
+                                  | {r.value for r in groups[c]}) for c in consumers}
+  readers = _readers(program, {r.value for r in regions} | set(trigger_of.values()))
+  order = list(order)
+  rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
+  fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
   blocks = []
-  for consumer in sorted(groups, key=position.__getitem__):
+  for consumer in consumers:
     group = groups[consumer]
     k = order.index(consumer)
     evicted = {r.value for r in group}
     anchors = sorted({a for r in group for a in r.anchors})
-    trigger = triggers_of.at(position[consumer], set(anchors) | evicted)
+    trigger = trigger_of[consumer]
     # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
     fenced_in = anchors + ([] if trigger is None else [fenced.get(trigger, trigger)])
     fenced_out = []

@@ -143,6 +143,9 @@ for _name in ("add", "sub", "mul", "div", "max", "min", "select_n", "add_any", "
 # --- the graph -------------------------------------------------------------------------
 
 
+_BYTES_AT_SHAPES = 4
+
+
 class ShapeGraph:
   """Sizes of every value of a traced program, with exact comparison."""
 
@@ -154,6 +157,9 @@ class ShapeGraph:
     # (shape, dtype) -> (dims, dtype name, bytes, itemsize): a program has thousands of
     # values but few distinct avals (shared with the graphs `extended` derives).
     self._avals: dict[tuple, tuple] = {}
+    # dims -> {value id: bytes there} (`bytes_at`), shared with the graphs `extended`
+    # derives: they keep every value of this graph as it is.
+    self._bytes_at: dict[tuple, dict[int, int]] = {}
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
     self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
@@ -223,6 +229,18 @@ class ShapeGraph:
     new.values = values
     return new
 
+  def bytes_at(self, env: Mapping[str, int]) -> dict[int, int]:
+    """A cache of values' bytes at the complete dims `env` (filled by the caller), for
+    the few most recently asked dims (the remat rounds ask at one shape 24 times)."""
+    key = tuple(sorted(env.items()))
+    cache = self._bytes_at.pop(key, None)
+    if cache is None:
+      cache = {}
+      while len(self._bytes_at) >= _BYTES_AT_SHAPES:
+        self._bytes_at.pop(next(iter(self._bytes_at)))
+    self._bytes_at[key] = cache
+    return cache
+
   def per_device(self, divisors: Mapping[int, Sequence[int]]) -> "ShapeGraph":
     """This graph with each value's bytes per device: a dim of size n split d ways
     (`divisors[value_id][dim]`, from `sharding.propagate`) holds ceil(n / d)."""
@@ -235,6 +253,7 @@ class ShapeGraph:
       return (n + (d - 1)).floordiv(d)
     new = object.__new__(ShapeGraph)
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
+    new._bytes_at = {}   # values' bytes change here
     values = dict(self.values)
     for vid, ds in divisors.items():
       info = values.get(vid)
