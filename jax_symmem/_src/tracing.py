@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import contextlib
+import functools
 import itertools
 import os
 import re
@@ -153,19 +154,32 @@ def _source(eqn) -> str:
   """Where the user wrote the op: the innermost frame outside JAX and installed libraries
   (a flax LayerNorm's ops point at the line that called it, not into flax), and the
   name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules)."""
-  frames = list(source_info_util.user_frames(eqn.source_info.traceback))
+  where = _where(eqn.source_info.traceback)
+  scope = _scope(str(eqn.source_info.name_stack))
+  return where + (f" @ {scope}" if scope else "")
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _scope(name_stack: str) -> str:
+  """A name stack without transformations or the outermost scope."""
+  scope = name_stack
+  while (unwrapped := _TRANSFORM.sub(r"\1", scope)) != scope:   # jvp(M)/Block_0 -> M/Block_0
+    scope = unwrapped
+  return scope.partition("/")[2]   # the outermost scope is the whole model (or empty)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _where(traceback) -> str:
+  """The frame `_source` names, for a traceback (equal for the same op in every layer
+  of a loop, so a model's layers share the work)."""
+  frames = list(source_info_util.user_frames(traceback))
   # Innermost first. Our own frame means a rewrite bound the op (a re-traced scan body):
   # the frames beyond it are the planner's caller, not where the op was written.
   mine = next((i for i, f in enumerate(frames) if _OURS.search(f.file_name)), len(frames))
   frames = frames[:mine]
   frame = next((f for f in frames if not _LIBRARY.search(f.file_name)),
                frames[0] if frames else None)
-  where = source_info_util._summarize_frame(frame) if frame else ""
-  scope = str(eqn.source_info.name_stack)
-  while (unwrapped := _TRANSFORM.sub(r"\1", scope)) != scope:   # jvp(M)/Block_0 -> M/Block_0
-    scope = unwrapped
-  scope = scope.partition("/")[2]   # the outermost scope is the whole model (or empty)
-  return where + (f" @ {scope}" if scope else "")
+  return source_info_util._summarize_frame(frame) if frame else ""
 
 
 _LIBRARY = re.compile(r"[/\\](site|dist)-packages[/\\]")
