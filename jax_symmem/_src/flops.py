@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable, Sequence
 
 from jax_symmem._src import jax_dims
@@ -10,13 +11,20 @@ from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _elements(dims: tuple[Poly, ...]) -> Poly:
+  """The number of elements of a shape (a model has few distinct shapes, and each
+  remat round asks again for the nodes it rewrote)."""
+  return product(dims)
+
+
 def _dot_flops(node: Node, ins: Sequence[tuple[Poly, ...]], outs: Sequence[tuple[Poly, ...]]) -> Poly:
   (lc, _), _ = node.params["dimension_numbers"]
-  return 2 * product(outs[0]) * product(ins[0][i] for i in lc)
+  return 2 * _elements(outs[0]) * _elements(tuple(ins[0][i] for i in lc))
 
 
 def _reduction_flops(node, ins, outs) -> Poly:
-  return product(ins[0])
+  return _elements(ins[0])
 
 
 # primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
@@ -35,7 +43,7 @@ def flops(graph: ShapeGraph, node: Node) -> Poly:
   ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
   outs = [graph.values[o].dims for o in node.outputs]
   rule = FLOP_RULES.get(node.name)
-  return rule(node, ins, outs) if rule else sum((product(o) for o in outs), ZERO)
+  return rule(node, ins, outs) if rule else sum((_elements(o) for o in outs), ZERO)
 
 
 def scan_length(scan: Node) -> Poly:
