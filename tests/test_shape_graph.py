@@ -123,3 +123,31 @@ def test_scan_body_values_are_in_the_graph():
   assert any(str(graph.bytes(v)) == "4*d" for v in body_values)
   ys = scan.outputs[-1]
   assert str(graph.bytes(ys)) == "4*d*n"
+
+
+def test_sibling_extensions_do_not_share_bytes_of_a_reused_id(symbolic_step):
+  """Two rewrites of one program may give the same new value id to values of different
+  sizes (each starts numbering above the program's ids); the values' bytes the memory
+  model caches per graph must not leak from one extended graph to the other."""
+  from jax_symmem._src import memory
+  from jax_symmem._src.ir import Node, Program
+  traced, graph = symbolic_step
+  program = traced.program
+  env = graph.constraints.complete({"b": 4, "s": 64})
+  size = lambda v: graph.bytes(v).evaluate(env)
+  small = program.inputs[-1]
+  large = next(o for n in program.nodes for o in n.outputs if size(o) > size(small))
+  new_id = program.max_id() + 1
+
+  def extended_with_copy_of(value):
+    copy = Node(index=len(program.nodes), primitive=jax.lax.copy_p, params={}, inputs=(value,),
+                outputs=(new_id,), source="test")
+    avals = dict(program.avals)
+    avals[new_id] = program.avals[value]
+    rewritten = Program(program.inputs, program.nodes + (copy,), program.outputs, avals)
+    return rewritten, graph.extended(rewritten)
+
+  for value in (small, large, small):
+    rewritten, extended = extended_with_copy_of(value)
+    tables = memory.order_tables(extended, env, rewritten)
+    assert tables.size_of(new_id) == size(value)

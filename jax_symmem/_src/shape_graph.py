@@ -157,8 +157,9 @@ class ShapeGraph:
     # (shape, dtype) -> (dims, dtype name, bytes, itemsize): a program has thousands of
     # values but few distinct avals (shared with the graphs `extended` derives).
     self._avals: dict[tuple, tuple] = {}
-    # dims -> {value id: bytes there} (`bytes_at`), shared with the graphs `extended`
-    # derives: they keep every value of this graph as it is.
+    # dims -> {value id: bytes there} (`bytes_at`); a graph `extended` derives starts
+    # from a copy (it keeps every value of this one as it is, but two graphs extended
+    # from one may give the same new id to different values).
     self._bytes_at: dict[tuple, dict[int, int]] = {}
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
@@ -227,6 +228,7 @@ class ShapeGraph:
       values[vid] = info if original is None else dataclasses.replace(
           info, dims=original.dims, bytes=original.bytes)
     new.values = values
+    new._bytes_at = {k: dict(v) for k, v in self._bytes_at.items()}
     return new
 
   def bytes_at(self, env: Mapping[str, int]) -> dict[int, int]:
