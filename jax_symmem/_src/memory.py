@@ -255,7 +255,7 @@ class _IntTables:
       if x is None:
         x = evaluated[p] = p.evaluate(env)
       return x
-    known = graph.bytes_at(env)   # shared by the rounds' graphs: most values recur
+    known = graph.bytes_at(env)   # from the graph a round extends: most values recur
     value_bytes = {}
     for v in program.value_ids():
       x = known.get(v)
