@@ -86,9 +86,8 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
   donated = frozenset(donated)
   last_use: dict[int, int] = {}
   for pos, i in enumerate(order):
-    for x in program.nodes[i].inputs:
-      if not isinstance(x, Const):
-        last_use[x] = pos
+    for x in program.nodes[i].operands:
+      last_use[x] = pos
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   held = {v for k, v in enumerate(program.inputs) if k not in donated}
 
@@ -128,7 +127,7 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
       env[o] = r
       hold(r)
     live.append(tracked() + working)
-    dying = {x for x in node.inputs if not isinstance(x, Const) and last_use[x] == pos}
+    dying = {x for x in node.operands if last_use[x] == pos}
     dying |= {o for o in node.outputs if o not in last_use}
     for v in dying - outputs - held:
       x = env.pop(v)

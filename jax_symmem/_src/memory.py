@@ -246,23 +246,10 @@ class _IntTables:
   def __init__(self, graph: ShapeGraph, program: Program, env: Mapping[str, int],
                donated: frozenset):
     layout = _buffer_layout(program, donated)
-    # Python ints of every value and control-flow node, each distinct polynomial
-    # evaluated once; no reference to `graph` is kept (see _TRANSIENTS), so the
-    # cache below never keeps a traced call alive.
-    evaluated: dict[Poly, int] = {}
-    def evaluate(p: Poly) -> int:
-      x = evaluated.get(p)
-      if x is None:
-        x = evaluated[p] = p.evaluate(env)
-      return x
-    known = graph.bytes_at(env)   # from the graph a round extends: most values recur
-    value_bytes = {}
-    for v in program.value_ids():
-      x = known.get(v)
-      if x is None:
-        x = known[v] = evaluate(graph.bytes(v))
-      value_bytes[v] = x
-    node_trans = {n.index: max(evaluate(t) for t in transients(graph, n))
+    # Python ints of every value and control-flow node; no reference to `graph` is
+    # kept (see _TRANSIENTS), so the cache below never keeps a traced call alive.
+    value_bytes = graph.bytes_at(env, program.value_ids())
+    node_trans = {n.index: max(t.evaluate(env) for t in transients(graph, n))
                   for n in layout.control_flow if transients(graph, n)}
     self.program, self.donated, self.layout = program, donated, layout
     self.size_of = value_bytes.__getitem__

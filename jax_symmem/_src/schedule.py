@@ -148,7 +148,7 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
                                                 if v in point)
     listed = {}
     for name, list_pass in (("forward", _forward), ("backward", _backward)):
-      chooser = _Chooser(graph, Decider(graph.constraints, point, mode), net_bytes)
+      chooser = _Chooser(Decider(graph.constraints, point, mode), net_bytes)
       listed[name] = list_pass(state, chooser)
       key = name + suffix
       if key in passes:   # shapes of interest that differ only in a var no argument's shape has
@@ -454,10 +454,10 @@ class _Chooser:
   An impact is a small integer naming (interned net bytes, net buffer count).
   """
 
-  def __init__(self, graph: ShapeGraph, decider: Decider, net_bytes: _NetBytes | None = None):
-    self.graph, self.decider = graph, decider
+  def __init__(self, decider: Decider, net_bytes: _NetBytes):
+    self.decider = decider
     self.choices = 0
-    self._net_bytes = _NetBytes(graph) if net_bytes is None else net_bytes
+    self._net_bytes = net_bytes
     self._impacts: dict[tuple, int] = {}           # net-bytes key -> impact
     self._pairs: list[tuple[int, int]] = []        # impact -> (interned bytes, buffer count)
     self._beats: dict[int, dict[int, tuple]] = {}  # best -> impact -> (outcome, better)

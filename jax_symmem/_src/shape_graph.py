@@ -231,17 +231,29 @@ class ShapeGraph:
     new._bytes_at = {k: dict(v) for k, v in self._bytes_at.items()}
     return new
 
-  def bytes_at(self, env: Mapping[str, int]) -> dict[int, int]:
-    """A cache of values' bytes at the complete dims `env` (filled by the caller), for
-    the few most recently asked dims (the remat rounds ask at one shape 24 times)."""
+  def bytes_at(self, env: Mapping[str, int], values: Iterable[int]) -> dict[int, int]:
+    """{value id: its bytes at the complete dims `env`} for `values`, each distinct
+    polynomial evaluated once. Remembered for the few most recently asked dims (the
+    remat rounds ask at one shape 24 times, mostly for the same values)."""
     key = tuple(sorted(env.items()))
-    cache = self._bytes_at.pop(key, None)
-    if cache is None:
-      cache = {}
+    known = self._bytes_at.pop(key, None)
+    if known is None:
+      known = {}
       while len(self._bytes_at) >= _BYTES_AT_SHAPES:
         self._bytes_at.pop(next(iter(self._bytes_at)))
-    self._bytes_at[key] = cache
-    return cache
+    self._bytes_at[key] = known
+    evaluated: dict[Poly, int] = {}
+    out = {}
+    for v in values:
+      x = known.get(v)
+      if x is None:
+        p = self.bytes(v)
+        x = evaluated.get(p)
+        if x is None:
+          x = evaluated[p] = p.evaluate(env)
+        known[v] = x
+      out[v] = x
+    return out
 
   def per_device(self, divisors: Mapping[int, Sequence[int]]) -> "ShapeGraph":
     """This graph with each value's bytes per device: a dim of size n split d ways
