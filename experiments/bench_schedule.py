@@ -261,7 +261,7 @@ def main(argv=None) -> int:
   print("scheduling time:")
   print(f"  trace + shape graph: {t_trace:.2f} s")
   print(f"  symbolic schedule (once, cold comparison cache): {t_sym:.2f} s; ablation: {t_abl:.2f} s")
-  print(f"  static schedule per shape: " + ", ".join(f"s={r['seq']} {r['static_seconds']:.2f} s"
+  print("  static schedule per shape: " + ", ".join(f"s={r['seq']} {r['static_seconds']:.2f} s"
                                                     for r in rows)
         + f"; total {total_static:.2f} s for {len(rows)} shapes "
         f"(mean {total_static / len(rows):.2f} s; symbolic / mean static = "

@@ -57,7 +57,6 @@ def test_bad_constraints_raise_clear_errors(bad, match):
 # --------------------------------------------------------------------------
 # The normalization cache (keyed by the constraint strings)
 # --------------------------------------------------------------------------
-from jax_symmem._src import constraints as constraints_lib  # noqa: E402
 
 
 def test_normalization_is_cached_by_the_strings_and_variables_only_add_bounds():

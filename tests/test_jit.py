@@ -14,9 +14,7 @@ import numpy as np
 import pytest
 
 import jax_symmem as symmem
-from jax_symmem._src import interpret
 from jax_symmem._src import jit as jit_lib
-from jax_symmem._src import tracing
 from jax_symmem._src import variants as variants_lib
 from jax_symmem.examples import transformer
 from tests import budgets

@@ -1,6 +1,5 @@
 """Poly arithmetic and evaluation against Python integer arithmetic."""
 
-import itertools
 import random
 
 import pytest

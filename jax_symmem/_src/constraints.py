@@ -100,7 +100,7 @@ ConstraintsLike = Union[Constraints, Sequence[str], str, None]
 
 def _substitute_deep(p: Poly, mapping: Mapping[Var, Poly]) -> Poly:
   """Substitutes variables, also inside operation atoms."""
-  from jax_symmem._src.poly import OpAtom, _operation
+  from jax_symmem._src.poly import _operation
   atom_map = {}
   for a in p.atoms():
     if isinstance(a, Var):

@@ -28,7 +28,7 @@ import functools
 import gc
 import math
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 from absl import logging
 import jax

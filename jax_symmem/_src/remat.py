@@ -27,7 +27,7 @@ import collections.abc
 import dataclasses
 import fractions
 import functools
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from jax import lax
 import numpy as np
@@ -39,7 +39,7 @@ from jax_symmem._src import progress
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
-from jax_symmem._src.poly import ZERO, Poly, product
+from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program, source_label
 

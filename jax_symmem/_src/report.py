@@ -69,7 +69,7 @@ def memory_report(analysis, shapes, budget=budget_lib.ANALYSIS_BUDGET) -> str:
             else budget_lib.bytes_only(budget))
   a = dataclasses.replace(analysis, memory_budget=budget)
   head = "as dispatched" + (f" (budget {_mib(budget)})" if budget else " (no budget)")
-  lines = [f"modeled peak memory per shape (jaxpr-level model, MiB):",
+  lines = ["modeled peak memory per shape (jaxpr-level model, MiB):",
            f"  {'dims':<18} {'trace order':>12} {'scheduled':>12} {head:>34} {'round':>6}"]
   for dims in shapes:
     base = a.baseline_peak_bytes(**dims) / 2**20
