@@ -251,3 +251,35 @@ def test_sources_point_at_the_users_line_and_name_the_flax_module():
     assert any(re.fullmatch(rf"test_tracing\.py:{line}:\d+ \(.*Block\.__call__\) "
                             rf"@ Block_{k}/LayerNorm_0", label) for label in labels), labels
   assert source_label(" [recomputed]", "mul") == "mul (no user source line) [recomputed]"
+
+
+def test_ops_of_library_jits_are_named_by_the_line_that_called_them():
+  # jax.nn.silu and jnp.take are jitted inside JAX: the ops of their bodies carry
+  # tracebacks without a user frame, so they are named by the call's line.
+  from jax_symmem._src.ir import source_label
+
+  def f(x, idx):
+    h = jax.nn.silu(x)             # silu's line
+    return jnp.take(h, idx, axis=0).sum()   # take's line
+
+  lines = {m: next(k for k, text in enumerate(open(__file__), 1) if f"# {m}'s line" in text)
+           for m in ("silu", "take")}
+  traced = symmem.trace(jax.grad(f), jnp.ones((8, 4)), jnp.zeros((3,), jnp.int32),
+                        polymorphic_shapes=("s, _", "_"))
+  labels = {n.name: source_label(n.source, n.name) for _, n in traced.program.walk()}
+  assert f"test_tracing.py:{lines['silu']}" in labels["logistic"], labels["logistic"]
+  assert f"test_tracing.py:{lines['take']}" in labels["gather"], labels["gather"]
+
+
+def test_an_op_jax_cannot_trace_symbolically_is_a_tracing_error_with_advice():
+  # jax.export itself refuses lax.associative_scan over a symbolic axis
+  # (NotImplementedError); the user is told where and what to do instead.
+  def f(a, b):
+    _, h = jax.lax.associative_scan(lambda l, r: (l[0] * r[0], r[0] * l[1] + r[1]), (a, b),
+                                    axis=1)
+    return jnp.sum(h)
+  x = jnp.ones((2, 16))
+  with pytest.raises(symmem.TracingError, match=r"run the recurrence with lax.scan") as e:
+    symmem.trace(jax.grad(f), x, x, polymorphic_shapes=("b, s", "b, s"),
+                 constraints=("s <= 512",))
+  assert "test_tracing.py" in str(e.value)

@@ -150,11 +150,13 @@ _BODY_PARAMS: dict[str, tuple[str, ...]] = {
 _OPTIMIZATION_BARRIER = jax.lax.optimization_barrier_p
 
 
-def _source(eqn) -> str:
+def _source(eqn, outside: str = "") -> str:
   """Where the user wrote the op: the innermost frame outside JAX and installed libraries
   (a flax LayerNorm's ops point at the line that called it, not into flax), and the
-  name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules)."""
-  where = _where(eqn.source_info.traceback)
+  name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules).
+  `outside`: the line of the call that an inlined jit body came from, for its ops whose
+  own tracebacks hold no user frame (jnp.take's or jax.nn.silu's, traced in their jit)."""
+  where = _where(eqn.source_info.traceback) or outside
   scope = _scope(str(eqn.source_info.name_stack))
   return where + (f" @ {scope}" if scope else "")
 
@@ -218,19 +220,21 @@ class _Flattener:
       return Const(v.val, v.aval)
     return env[v]
 
-  def _emit(self, eqns, env, avals, nodes) -> None:
+  def _emit(self, eqns, env, avals, nodes, outside: str = "") -> None:
+    """Appends `eqns` to `nodes`, inlining call primitives; `outside`: `_source`'s."""
     for eqn in eqns:
       ins = [self._read(env, v) for v in eqn.invars]
       rule = _INLINE_RULES.get(eqn.primitive.name)
       if rule is not None:
         body, consts = rule(eqn.params)
-        ins = self._checkpoint_fence(eqn, ins, avals, nodes)
+        ins = self._checkpoint_fence(eqn, ins, avals, nodes, outside)
         inner_env: dict[Any, Operand] = {}
         for v, c in zip(body.constvars, consts):
           inner_env[v] = Const(c, v.aval)
         for v, x in zip(body.invars, ins):
           inner_env[v] = x
-        self._emit(body.eqns, inner_env, avals, nodes)
+        self._emit(body.eqns, inner_env, avals, nodes,
+                   _where(eqn.source_info.traceback) or outside)
         for outer, inner in zip(eqn.outvars, body.outvars):
           if not isinstance(outer, jcore.DropVar):
             env[outer] = self._read(inner_env, inner)
@@ -248,10 +252,10 @@ class _Flattener:
         if not isinstance(v, jcore.DropVar):
           env[v] = i
       nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
-                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn),
+                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn, outside),
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
 
-  def _checkpoint_fence(self, eqn, ins, avals, nodes) -> list[Operand]:
+  def _checkpoint_fence(self, eqn, ins, avals, nodes, outside: str) -> list[Operand]:
     """The operands of an inlined `jax.checkpoint` region, fenced as JAX lowers it.
 
     A region that recomputes in the backward pass (`differentiated`, `prevent_cse`)
@@ -275,7 +279,7 @@ class _Flattener:
       outs.append(i)
     nodes.append(Node(index=len(nodes), primitive=_OPTIMIZATION_BARRIER,
                       params={}, inputs=tuple(ins[k] for k in fenced), outputs=tuple(outs),
-                      source=_source(eqn) + " [jax.checkpoint fence]"))
+                      source=_source(eqn, outside) + " [jax.checkpoint fence]"))
     ins = list(ins)
     for k, o in zip(fenced, outs):
       ins[k] = o
@@ -507,6 +511,14 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
     return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
             "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
             "constraint, and write the reshape with the symbolic dims")
+  if "associative scan over axis of non-constant size" in msg:
+    return ("jax.export cannot trace lax.associative_scan over a symbolic length (plain "
+            "jax.export raises the same): run the recurrence with lax.scan over that axis "
+            "(it traces with a symbolic length), or keep that axis static ('_')")
+  if isinstance(e, NotImplementedError):
+    return ("JAX has no rule for this operation with symbolic dimensions (plain jax.export "
+            "raises the same): express it with operations that have one, or keep that axis "
+            "static ('_' in polymorphic_shapes)")
   if isinstance(e, RecursionError):
     return ("jax.export's decision procedure for dimension expressions recursed without end "
             "(seen with strided convolutions on a dim declared a multiple of too small a "
@@ -667,7 +679,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     with _checkpoints_save_everything() if save_everything else contextlib.nullcontext():
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
-          TypeError, ValueError, RecursionError) as e:
+          TypeError, ValueError, RecursionError, NotImplementedError) as e:
     where = _user_frame(e.__traceback__)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(
