@@ -12,6 +12,7 @@ import dataclasses
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
+import jax
 
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import body_remat
@@ -133,9 +134,34 @@ def footprint(executable) -> int:
           - ma.alias_size_in_bytes)
 
 
+def is_as_written(analysis, k: int) -> bool:
+  """Whether round k is the step exactly as the user wrote it: round 0 of a step without
+  jax.checkpoint regions, or an annotated step's round as written."""
+  if analysis.rounds[k].as_written:
+    return True
+  return k == 0 and not any(r.as_written for r in analysis.rounds)
+
+
 def round_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
   """Round k at dims as a function of the flat arguments returning the flat outputs,
-  in that round's order: what `symmem.jit` compiles (tests and benchmarks too)."""
+  in that round's order: what `symmem.jit` compiles (tests and benchmarks too).
+
+  The step as written (`is_as_written`) is the user's own function, which jax.jit
+  traces at these shapes: exactly jax.jit's program. The symbolic trace specialized
+  to the dims is equivalent but can differ in form (a slice along a symbolic dim
+  traces as a gather), and that moved the last bits of AdamW's updates."""
+  if is_as_written(analysis, k):
+    return _flat_function(analysis.traced)
+  return _specialized_function(analysis, k, dims)
+
+
+def _flat_function(traced) -> Callable:
+  fun, in_tree = traced.fun, traced.in_tree
+  return lambda *flat: tuple(jax.tree_util.tree_leaves(
+      fun(*jax.tree_util.tree_unflatten(in_tree, flat))))
+
+
+def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
   env = analysis.graph.constraints.complete(dims)
   program = tracing.specialize_program(analysis.rounds[k].program, env)
   order = analysis.round_order(k, dims)
