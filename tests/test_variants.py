@@ -118,6 +118,28 @@ def test_a_first_round_that_fits_at_once_checks_one_that_recomputes_less():
                                 scale={0: 1.0}) == [(1, xla[1])]
 
 
+def test_a_ratio_from_a_smaller_shape_does_not_keep_round_zero_untried():
+  # A DP-SGD step (found by a probe): round 0 read XLA / model = 1.52 at s=64, where
+  # the model's peak is 19.6 MiB and outputs XLA allocates apart weigh a lot. At s=256
+  # (model 69.6 MiB, XLA 67.7) that ratio predicted 105.9 MiB over an 89.3 MiB budget,
+  # so round 1 ran although round 0 fit. Only ratios measured at a shape at least as
+  # large transfer; without one, the ratio of the round just compiled here is used.
+  peaks = [int(69.6 * MiB), int(60.0 * MiB)]
+  xla = [int(67.7 * MiB), int(58.0 * MiB)]
+  fits = lambda b: b <= int(89.3 * MiB)
+  at_64 = ({0: 1.52}, {0: int(19.6 * MiB)})
+  scale = variants.transferable(*at_64, peaks)
+  assert scale == {}
+  assert variants.search_rounds(peaks, 1, peaks[1], xla.__getitem__, fits, scale=scale) == [
+      (1, xla[1]), (0, xla[0])]
+  # Measured at a shape as large or larger, the ratio is believed (as before).
+  at_512 = ({0: 1.52}, {0: int(165.1 * MiB)})
+  scale = variants.transferable(*at_512, peaks)
+  assert scale == {0: 1.52}
+  assert variants.search_rounds(peaks, 1, peaks[1], xla.__getitem__, fits, scale=scale) == [
+      (1, xla[1])]
+
+
 def test_first_round_reads_peaks_only_up_to_the_first_that_fits():
   values, read = [300, 200, 100, 50], []
   class Peaks(collections.abc.Sequence):   # as analysis.RoundPeaks: each read is a model run

@@ -75,6 +75,7 @@ class _Entry:
   spec_dtypes: tuple | None = None                # the traced leaf dtypes
   fallback: Callable | None = None
   calibration: dict[int, float] = dataclasses.field(default_factory=dict)  # round -> XLA/model
+  calibrated_at: dict[int, int] = dataclasses.field(default_factory=dict)  # round -> its peak
   variants: dict[tuple, variants_lib.Variant] = dataclasses.field(default_factory=dict)
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
   decisions: dict[tuple, int] = dataclasses.field(default_factory=dict)
@@ -322,7 +323,7 @@ class SymmemFunction:
       compiles += 1
       return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
     chosen, _ = variants_lib.compile_fitting(entry.analysis, dims, k, policy, lower,
-                                             entry.calibration)
+                                             entry.calibration, entry.calibrated_at)
     entry.variants[(tuple(sorted(dims.items())), chosen.round)] = chosen
     return chosen
 

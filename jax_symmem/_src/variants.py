@@ -211,8 +211,8 @@ def earlier_round(peaks: Sequence[int], k: int, size: int, fits: Callable[[int],
   The model chose k because it predicted the rounds before it over budget; where XLA's
   figure for k shows the model overestimating (it counts every value, XLA fuses: conv
   nets' BatchNorm and activations), an earlier round, which recomputes less, may fit
-  too. Predicted with XLA's ratio for k, or the ratio measured for that round at other
-  shapes where there is one.
+  too. Predicted with XLA's ratio for k, or the ratio measured for that round at another
+  shape where there is one (`compile_fitting` passes those that transfer: `transferable`).
   """
   ratio = size / max(1, peaks[k])
   return next((j for j in range(k) if fits(int(scale.get(j, ratio) * peaks[j]))), None)
@@ -257,17 +257,35 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     k = nxt
 
 
+def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, int],
+                 peaks: Sequence[int]) -> dict[int, float]:
+  """The XLA/model ratios that `earlier_round` believes at a shape with modeled peaks
+  `peaks`: those measured where that round's modeled peak was at least as large.
+
+  What the model misses includes buffers whose size does not grow with the shape
+  (outputs XLA allocates apart, runtime overheads), which weigh more at small shapes:
+  a DP-SGD step read 1.52 for round 0 at s=64 and 0.97 at s=256, and the ratio from
+  s=64 kept round 0 from being tried at s=256, where it fit. From a smaller shape,
+  XLA's ratio for the round just compiled at this shape is the better evidence.
+  """
+  return {j: r for j, r in calibration.items() if calibrated_at.get(j, 0) >= peaks[j]}
+
+
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
-                    calibration: dict[int, float]) -> tuple[Variant, list[Variant]]:
+                    calibration: dict[int, float],
+                    calibrated_at: dict[int, int] | None = None
+                    ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
   the last one over the budget.
 
   `lower(fn, options)` compiles `fn` (flat arguments -> flat outputs) with XLA
-  options. Updates `calibration` (round -> XLA / model) from truthful compiles.
+  options. Updates `calibration` (round -> XLA / model) from truthful compiles, and
+  `calibrated_at` (round -> the modeled peak that ratio was measured at).
   Returns (the variant to dispatch: the fitting one that recomputes least, every
   variant compiled); raises BudgetError when none fits.
   """
+  calibrated_at = {} if calibrated_at is None else calibrated_at
   env = analysis.graph.constraints.complete(dims)
   last = remat.last_planned(analysis.rounds)
   compiled: list[Variant] = []
@@ -280,7 +298,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
     # (only when it sees every buffer: not with jax.jit's own options, F2).
     if truthful and size:
-      calibration[k] = size / max(1, analysis.round_peak(k, dims))
+      calibrated_at[k] = analysis.round_peak(k, dims)
+      calibration[k] = size / max(1, calibrated_at[k])
     logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                  analysis.traced.fun_name, dims, k, size / 2**20)
     mem = bool(policy.memory_options) and all(
@@ -290,9 +309,10 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     return size
 
   peaks = analysis_lib.RoundPeaks(analysis, dims)
+  scale = (None if policy.budget is None
+           else transferable(calibration, calibrated_at, peaks))
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
-                policy.max_recompiles, None if policy.budget is None else dict(calibration),
-                last)
+                policy.max_recompiles, scale, last)
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
