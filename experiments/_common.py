@@ -104,12 +104,26 @@ def package_version(package: str) -> str | None:
     return None
 
 
+def python_speed_us() -> float:
+  """Microseconds this machine takes for a fixed pure-Python loop, as `python3 -m timeit
+  -n 200 "sum(i*i for i in range(10000))"` reports it (best of 5): the same code's
+  timings move with it. This 2-core machine read 516 us one morning and 594-852 us the
+  same afternoon (2026-12-01), when the comparisons ran about 2.2x slower than the day
+  before. A rough gauge (it moves by 40 % within minutes there), recorded beside every
+  result so that figures from a slow day are not read as regressions."""
+  import timeit
+  loop = timeit.Timer("sum(i*i for i in range(10000))")
+  return round(min(loop.repeat(repeat=5, number=200)) / 200 * 1e6, 1)
+
+
 def environment() -> dict:
-  """Versions, platform, CPUs and load average of this machine (no host name)."""
+  """Versions, platform, CPUs, load average and Python speed (`python_speed_us`) of this
+  machine (no host name)."""
   return {"python": platform.python_version(), "jax": package_version("jax"),
           "jaxlib": package_version("jaxlib"), "flax": package_version("flax"),
           "platform": platform.platform(), "machine": platform.machine(),
-          "cpus": os.cpu_count(), "load_average": list(os.getloadavg())}
+          "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
+          "python_loop_us": python_speed_us()}
 
 
 def command() -> str:

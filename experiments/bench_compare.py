@@ -323,7 +323,8 @@ def main(argv=None) -> int:
           f"max {t['max']:.0f} us; thread CPU time mean {t['cpu_mean']:.0f} us, "
           f"p50 {t['cpu_p50']:.0f} us")
   print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after timing "
-        f"({os.cpu_count()} cpus)")
+        f"({os.cpu_count()} cpus); this machine's Python speed: "
+        f"{_common.python_speed_us():.0f} us for the reference loop (_common.python_speed_us)")
   print(f"string API: {str_decided}/{n} decided, {len(str_mismatch)} answers differ from the core; "
         f"targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in targets.items()))
   print(f"JAX's own >= decided {jax_counts['True'] + jax_counts['False']}/{n} "

@@ -103,6 +103,9 @@ def _child(code: str, args: list[str], tree: str | None) -> dict:
 
 def time_presets(presets: list[str], tree: str | None) -> dict:
   results = {}
+  if presets:   # timings move with the machine's speed
+    print(f"this machine's Python speed: {_common.python_speed_us():.0f} us for the reference loop",
+          flush=True)
   for preset in presets:
     r = _child(_TIMING_CHILD, [preset], tree)
     total = sum(r["wall"].values())
