@@ -8,11 +8,14 @@ round as `symmem.jit` compiles it under a budget and records the modeled peak an
 `memory_analysis()` footprint. Then it replays `variants.search_rounds` (the search
 `symmem.jit` runs when a new shape arrives) on those figures for 101 budgets evenly
 spaced between the smallest and the largest footprint, with the first round chosen by
-the model alone (a new shape, no calibration yet), and counts per search: compiles,
+the model alone (a new shape, no calibration yet; where that round fits at once, the
+search also tries the first earlier round predicted to fit, as `symmem.jit` does under
+a budget), and counts per search: compiles,
 whether a fitting round was reached, and how many rounds past the smallest fitting one
 it dispatched (extra recomputation). Two jump rules side by side: XLA's ratio alone
 (margin 0: the rule before) and the ratio with the last prediction's error as margin
-(`variants.next_round`, now). `--replay` re-runs the replay on a results file.
+(`variants.next_round`, now). `--replay` re-runs the replay on a results file's figures
+and writes it (with the figures, and the revision and date they were measured at) to --out.
 """
 
 from __future__ import annotations
@@ -71,7 +74,9 @@ def replay(rows, rule: str) -> dict:
     patch = (mock.patch.object(variants, "next_round", _old_rule) if rule == "ratio"
              else contextlib.nullcontext())
     with patch:
-      tried = variants.search_rounds(peaks, first, peaks[first], xla.__getitem__, fits)
+      # scale={}: no ratio from other shapes, as compile_fitting passes at a new shape.
+      tried = variants.search_rounds(peaks, first, peaks[first], xla.__getitem__, fits,
+                                     scale={})
     compiles[len(tried)] += 1
     reached = [k for k, x in tried if fits(x)]
     if not reached:
@@ -116,8 +121,13 @@ def main(argv):
   del argv
   if REPLAY.value:
     with open(REPLAY.value) as f:
-      table = json.load(f)["figures"]
-    summarize(table)
+      measured = json.load(f)
+    table = measured["figures"]
+    out = {"figures": table, "budgets": BUDGETS, "replay": summarize(table),
+           "figures_measured": measured.get("figures_measured") or {
+               k: measured.get(k) for k in ("git_revision", "date", "command")}}
+    _common.write_results(bench_models.OUT.value, out)
+    print(f"wrote {bench_models.OUT.value}")
     return
   names = bench_models.WORKLOADS_FLAG.value or list(bench_models.WORKLOADS)
   table = {}
