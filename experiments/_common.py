@@ -107,10 +107,12 @@ def package_version(package: str) -> str | None:
 def python_speed_us() -> float:
   """Microseconds this machine takes for a fixed pure-Python loop, as `python3 -m timeit
   -n 200 "sum(i*i for i in range(10000))"` reports it (best of 5): the same code's
-  timings move with it. This 2-core machine read 516 us one morning and 594-852 us the
-  same afternoon (2026-12-01), when the comparisons ran about 2.2x slower than the day
-  before. A rough gauge (it moves by 40 % within minutes there), recorded beside every
-  result so that figures from a slow day are not read as regressions."""
+  timings move with it, though not in proportion. This 2-core machine read 516 us one
+  morning and 574-852 us that afternoon (2026-12-01), when the comparisons ran about 2.2x
+  slower than the day before; later it read 476-498 us, and the comparisons still ran
+  about 1.6x slower than the day before (experiments/bench_compare.py: 153 vs 96 us). A
+  rough gauge, recorded beside every result: a figure far from an earlier one on a
+  machine whose gauge moved is not a regression until an interleaved run says so."""
   import timeit
   loop = timeit.Timer("sum(i*i for i in range(10000))")
   return round(min(loop.repeat(repeat=5, number=200)) / 200 * 1e6, 1)
