@@ -108,9 +108,14 @@ class Analysis:
     round that fits is the one that recomputes least. Without a budget (and no device
     limit): the step as the user wrote it, with their jax.checkpoint regions if any."""
     if budget is None:
-      written = [k for k, r in enumerate(self.rounds) if r.as_written]
-      return (written[0] if written else 0), True
+      return self.as_written_round, True
     return first_round(RoundPeaks(self, dims, scale), lambda peak: peak + reserved <= budget)
+
+  @property
+  def as_written_round(self) -> int:
+    """The round that is the step exactly as the user wrote it: an annotated step's round
+    as written (with its jax.checkpoint regions), else round 0."""
+    return next((k for k, r in enumerate(self.rounds) if r.as_written), 0)
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""

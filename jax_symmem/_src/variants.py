@@ -134,23 +134,15 @@ def footprint(executable) -> int:
           - ma.alias_size_in_bytes)
 
 
-def is_as_written(analysis, k: int) -> bool:
-  """Whether round k is the step exactly as the user wrote it: round 0 of a step without
-  jax.checkpoint regions, or an annotated step's round as written."""
-  if analysis.rounds[k].as_written:
-    return True
-  return k == 0 and not any(r.as_written for r in analysis.rounds)
-
-
 def round_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
   """Round k at dims as a function of the flat arguments returning the flat outputs,
   in that round's order: what `symmem.jit` compiles (tests and benchmarks too).
 
-  The step as written (`is_as_written`) is the user's own function, which jax.jit
-  traces at these shapes: exactly jax.jit's program. The symbolic trace specialized
-  to the dims is equivalent but can differ in form (a slice along a symbolic dim
-  traces as a gather), and that moved the last bits of AdamW's updates."""
-  if is_as_written(analysis, k):
+  The step as written (`Analysis.as_written_round`) is the user's own function, which
+  jax.jit traces at these shapes: exactly jax.jit's program. The symbolic trace
+  specialized to the dims is equivalent but can differ in form (a slice along a
+  symbolic dim traces as a gather), and that moved the last bits of AdamW's updates."""
+  if k == analysis.as_written_round:
     return _flat_function(analysis.traced)
   return _specialized_function(analysis, k, dims)
 
