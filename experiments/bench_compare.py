@@ -292,6 +292,7 @@ def main(argv=None) -> int:
              "decided_ge_99pct": str_decided >= 0.99 * n, "wrong_0": not wrong,
              "same_answers": not str_mismatch}
   summary = {
+      "environment": {"python_loop_us": _common.python_speed_us()},
       "pairs": n, "seed": args.seed, "wrong": len(wrong), "decided": decided,
       "decided_share": decided / n,
       "kinds": dict(kinds), "methods": dict(methods),
@@ -324,7 +325,8 @@ def main(argv=None) -> int:
           f"p50 {t['cpu_p50']:.0f} us")
   print(f"load average {load_before[0]:.1f} before, {load_after[0]:.1f} after timing "
         f"({os.cpu_count()} cpus); this machine's Python speed: "
-        f"{_common.python_speed_us():.0f} us for the reference loop (_common.python_speed_us)")
+        f"{summary['environment']['python_loop_us']:.0f} us for the reference loop "
+        "(_common.python_speed_us)")
   print(f"string API: {str_decided}/{n} decided, {len(str_mismatch)} answers differ from the core; "
         f"targets: " + ", ".join(f"{k} {'yes' if v else 'NO'}" for k, v in targets.items()))
   print(f"JAX's own >= decided {jax_counts['True'] + jax_counts['False']}/{n} "

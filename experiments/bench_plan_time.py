@@ -103,9 +103,6 @@ def _child(code: str, args: list[str], tree: str | None) -> dict:
 
 def time_presets(presets: list[str], tree: str | None) -> dict:
   results = {}
-  if presets:   # timings move with the machine's speed
-    print(f"this machine's Python speed: {_common.python_speed_us():.0f} us for the reference loop",
-          flush=True)
   for preset in presets:
     r = _child(_TIMING_CHILD, [preset], tree)
     total = sum(r["wall"].values())
@@ -157,7 +154,11 @@ def main(argv=None) -> int:
   parser.add_argument("--out", default=str(RESULTS))
   args = parser.parse_args(argv)
   split = lambda s: [x for x in s.split(",") if x]
-  result = {"tree": args.tree or str(ROOT), "tree_revision": _common.git_revision(args.tree),
+  speed = _common.python_speed_us()   # timings move with the machine's speed
+  if args.presets:
+    print(f"this machine's Python speed: {speed:.0f} us for the reference loop", flush=True)
+  result = {"environment": {"python_loop_us": speed},
+            "tree": args.tree or str(ROOT), "tree_revision": _common.git_revision(args.tree),
             "lengths": list(LENGTHS), "batch": BATCH,
             "timing": time_presets(split(args.presets), args.tree),
             "peaks": peaks(split(args.workloads), args.tree)}
