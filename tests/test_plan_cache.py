@@ -19,6 +19,7 @@ from jax_symmem._src import loop_remat
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
 from jax_symmem._src import remat
+from jax_symmem._src import variants
 from jax_symmem._src.parse import parse_polynomial
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem.examples import llama
@@ -226,6 +227,9 @@ def test_rounds_are_rebuilt_only_when_read(tmp_path):
   warm = _analyze_transformer(str(tmp_path))
   assert warm.origin != "planned" and warm.rounds.built == 1   # round 0 only, so far
   assert warm.round_peak(0, DIMS[0]) == cold.round_peak(0, DIMS[0])
+  # What a call without a budget asks (the step as written), and what compiling round 0 asks.
+  assert warm.best_round(DIMS[0], None) == (0, True) and warm.as_written_round == 0
+  variants.round_function(warm, 0, DIMS[0])
   assert warm.rounds.built == 1
   last = len(cold.rounds) - 1
   assert warm.round_peak(last, DIMS[-1]) == cold.round_peak(last, DIMS[-1])

@@ -114,8 +114,11 @@ class Analysis:
   @property
   def as_written_round(self) -> int:
     """The round that is the step exactly as the user wrote it: an annotated step's round
-    as written (with its jax.checkpoint regions), else round 0."""
-    return next((k for k, r in enumerate(self.rounds) if r.as_written), 0)
+    as written (with its jax.checkpoint regions), else round 0. It follows the planner's
+    last round; the rounds before are not read (a stored plan rebuilds them lazily)."""
+    rounds = self.rounds
+    return next((k for k in range(remat.last_planned(rounds) + 1, len(rounds))
+                 if rounds[k].as_written), 0)
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
