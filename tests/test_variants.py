@@ -97,6 +97,22 @@ def test_a_round_the_model_overestimates_is_tried_before_giving_up():
   assert [j for j, _ in tried] == [4, 0, 3] and fits(tried[-1][1])
 
 
+def test_an_annotated_step_tries_its_round_as_written_before_the_other_rounds():
+  # A ViT with nn.remat on each block (b=64): the planner's rounds 0-18, then the step as
+  # written (19: jax.jit's program, 116.4 MiB modeled). The model picks round 16 under a
+  # 118.6 MiB budget; XLA reports the planner's rounds over it, the step as written
+  # within (109.8 MiB). It must be compiled before the search runs out of recompiles
+  # (it sorted after round 17 by modeled peak, and a BudgetError followed).
+  peaks = [300 - 12 * j for j in range(19)] + [116]
+  xla = [p * 17 // 10 for p in peaks[:19]] + [110]
+  fits = lambda b: b <= 118
+  k = analysis.first_round(peaks, fits)[0]
+  tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, last=18,
+                                 as_written=19)
+  assert [j for j, _ in tried][:3] == [k, 18, 19] and fits(tried[-1][1])
+  assert len(tried) <= 1 + variants.MAX_RECOMPILES
+
+
 # A Flax ResNet (BatchNorm, 3x3 convs) at b=8, 64x64, measured by a helper probing conv
 # nets: the model, which counts every value, overestimates round 0 by 1.5x (XLA fuses).
 _RESNET = [(34.2, 22.9), (30.1, 25.9), (26.1, 29.4), (23.0, 28.9), (16.0, 22.9), (13.8, 21.9),

@@ -214,13 +214,14 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
                   xla_bytes: Callable[[int], int], fits: Callable[[int], bool],
                   max_recompiles: int = MAX_RECOMPILES,
                   scale: Mapping[int, float] | None = None,
-                  last: int | None = None) -> list[tuple[int, int]]:
+                  last: int | None = None, as_written: int = 0) -> list[tuple[int, int]]:
   """[(round, XLA's figure)] in the order compiled: round k (chosen by `predicted`),
   then while XLA reports the last one over budget, `next_round`, else the planner's
-  last round, then round 0 (as jax.jit would compile the step: XLA may fit it where
-  the model says no, and a step that jax.jit runs is never refused), then the other
-  rounds by increasing modeled peak (the model can overestimate one round and not
-  another: no BudgetError before they are tried), at most `max_recompiles` more.
+  last round, then the step as written (round `as_written`: what jax.jit compiles, round
+  0 unless the step has jax.checkpoint regions; XLA may fit it where the model says no,
+  and a step that jax.jit runs is never refused), then the other rounds by increasing
+  modeled peak (the model can overestimate one round and not another: no BudgetError
+  before they are tried), at most `max_recompiles` more.
   Where round k fits at once, `earlier_round` may add one compile of a round that
   recomputes less (only given `scale`, XLA/model ratios known from other shapes: under
   a budget). `xla_bytes(k)` compiles round k. `last`: the planner's last round
@@ -239,10 +240,10 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
       return compiled
     tried = {j for j, _ in compiled}
     nxt = next_round(peaks, k, size, predicted, tried, fits)
-    if nxt is None and {last, 0} <= tried:
+    if nxt is None and {last, as_written} <= tried:
       nxt = min((j for j in range(len(peaks)) if j not in tried),
                 key=lambda j: (peaks[j], j), default=None)
-    nxt = next((j for j in (nxt, last, 0) if j is not None and j not in tried), None)
+    nxt = next((j for j in (nxt, last, as_written) if j is not None and j not in tried), None)
     if nxt is None:
       return compiled
     predicted = size / max(1, peaks[k]) * peaks[nxt]
@@ -304,7 +305,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   scale = (None if policy.budget is None
            else transferable(calibration, calibrated_at, peaks))
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
-                policy.max_recompiles, scale, last)
+                policy.max_recompiles, scale, last, analysis.as_written_round)
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
