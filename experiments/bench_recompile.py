@@ -32,6 +32,7 @@ import jax
 from experiments import _common
 from experiments import bench_models
 from jax_symmem._src import analysis as analysis_lib
+from jax_symmem._src import remat
 from jax_symmem._src import variants
 
 # --workloads and --out are bench_models' flags (imported above); --out's default here:
@@ -61,8 +62,17 @@ def _old_rule(peaks, k, size, predicted, tried, fits, _next=variants.next_round)
   return _next(peaks, k, size, size, tried, fits)
 
 
-def replay(rows, rule: str) -> dict:
+def roles(w) -> dict:
+  """Which rounds the search treats apart: the planner's last, and the step as written
+  (jax.jit's program: round 0, or an annotated step's round after the planner's last)."""
+  analysis = bench_models._analysis(w)
+  return {"rounds": len(analysis.rounds), "last": remat.last_planned(analysis.rounds),
+          "as_written": analysis.as_written_round}
+
+
+def replay(rows, rule: str, role: dict | None = None) -> dict:
   """The search over BUDGETS budgets on one (workload, length)'s figures."""
+  role = role or {}
   peaks = [m for _, m, _ in rows]
   xla = [x for _, _, x in rows]
   lo, hi = min(xla), max(xla)
@@ -76,7 +86,8 @@ def replay(rows, rule: str) -> dict:
     with patch:
       # scale={}: no ratio from other shapes, as compile_fitting passes at a new shape.
       tried = variants.search_rounds(peaks, first, peaks[first], xla.__getitem__, fits,
-                                     scale={})
+                                     scale={}, last=role.get("last"),
+                                     as_written=role.get("as_written", 0))
     compiles[len(tried)] += 1
     reached = [k for k, x in tried if fits(x)]
     if not reached:
@@ -91,14 +102,14 @@ def replay(rows, rule: str) -> dict:
           "max_extra_rounds": max(extra, default=0)}
 
 
-def summarize(table: dict) -> dict:
+def summarize(table: dict, table_roles: dict) -> dict:
   out = {}
   for rule in ("ratio", "margin"):
     per, total = {}, collections.Counter()
     extra, n = 0.0, 0
     for name, lengths in table.items():
       for s, rows in lengths.items():
-        r = per[f"{name} s={s}"] = replay(rows, rule)
+        r = per[f"{name} s={s}"] = replay(rows, rule, table_roles.get(name))
         total.update(r["compiles"])
         extra += r["mean_extra_rounds"] * BUDGETS
         n += BUDGETS
@@ -123,18 +134,27 @@ def main(argv):
     with open(REPLAY.value) as f:
       measured = json.load(f)
     table = measured["figures"]
-    out = {"figures": table, "budgets": BUDGETS, "replay": summarize(table),
+    # Files from before the roles were recorded: the plan made now, where it has as many
+    # rounds as were measured (else the defaults: the last round and round 0).
+    table_roles = measured.get("roles") or {
+        name: r for name in table
+        if (r := roles(bench_models.WORKLOADS[name]()))["rounds"] == len(
+            next(iter(table[name].values())))}
+    out = {"figures": table, "roles": table_roles, "budgets": BUDGETS,
+           "replay": summarize(table, table_roles),
            "figures_measured": measured.get("figures_measured") or {
                k: measured.get(k) for k in ("git_revision", "date", "command")}}
     _common.write_results(bench_models.OUT.value, out)
     print(f"wrote {bench_models.OUT.value}")
     return
   names = bench_models.WORKLOADS_FLAG.value or list(bench_models.WORKLOADS)
-  table = {}
+  table, table_roles = {}, {}
   for name in names:
-    table[name] = figures(bench_models.WORKLOADS[name]())
+    w = bench_models.WORKLOADS[name]()
+    table[name], table_roles[name] = figures(w), roles(w)
     jax.clear_caches()
-  out = {"figures": table, "budgets": BUDGETS, "replay": summarize(table)}
+  out = {"figures": table, "roles": table_roles, "budgets": BUDGETS,
+         "replay": summarize(table, table_roles)}
   _common.write_results(bench_models.OUT.value, out)
   print(f"wrote {bench_models.OUT.value}")
 
