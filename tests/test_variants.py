@@ -180,3 +180,14 @@ def test_the_fallback_is_the_planners_last_round_not_the_step_as_written():
   assert k == 2 and not fits(xla[k])
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, last=4)
   assert [j for j, _ in tried] == [2, 4] and fits(tried[-1][1])
+
+
+def test_a_budget_error_prints_mib_though_other_arrays_hold_a_few_bytes():
+  # A probe's BudgetError printed every figure in bytes: 8 bytes held by other live
+  # arrays made the budget and the budget less them read the same in MiB.
+  assert variants.over_budget(138_637_612, 124_385_029, 8) == (
+      "132.2 MiB",
+      "the 118.6 MiB that the 118.6 MiB budget leaves beside 8 bytes held by other live arrays")
+  assert variants.over_budget(138_637_612, 124_385_029) == ("132.2 MiB", "the 118.6 MiB budget")
+  # Bytes where the figure and the room would read the same.
+  assert variants.over_budget(124_385_030, 124_385_029)[0] == "124,385,030 bytes"

@@ -250,6 +250,19 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     k = nxt
 
 
+def over_budget(nbytes: int, budget: int, reserved: int = 0) -> tuple[str, str]:
+  """(`nbytes`, what it must fit in) as a BudgetError prints them: 'the <budget> budget',
+  or with `reserved` bytes held by other live arrays 'the <budget - reserved> that the
+  <budget> budget leaves beside <reserved> held by other live arrays'. The figure and the
+  room it must fit in share units (`sizes`); the budget and the reserved bytes read on
+  their own (8 bytes reserved printed every figure in bytes)."""
+  figure, room = sizes(nbytes, budget - reserved)
+  if not reserved:
+    return figure, f"the {room} budget"
+  return figure, (f"the {room} that the {sizes(budget)[0]} budget leaves beside "
+                  f"{sizes(reserved)[0]} held by other live arrays")
+
+
 def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, int],
                  peaks: Sequence[int]) -> dict[int, float]:
   """The XLA/model ratios that `earlier_round` believes at a shape with modeled peaks
@@ -309,18 +322,13 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
-    # The effective budget is budget - reserved: units that tell it from the smallest.
-    smallest, budget, *reserved = sizes(
-        best.xla_bytes, policy.budget,
-        *((policy.reserved, policy.budget - policy.reserved) if policy.reserved else ()))
+    figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
-        f"{smallest} for the smallest variant compiled (round "
-        f"{best.round} of {len(analysis.rounds) - 1}"
+        f"{figure} for the smallest variant compiled (round {best.round} of "
+        f"{len(analysis.rounds) - 1}"
         + (", the planner's last" if best.round == last else "")
         + (", the step as written" if analysis.rounds[best.round].as_written else "")
-        + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above the "
-        f"{budget} budget" + (f" less {reserved[0]} held by other live arrays"
-                              if policy.reserved else "")
+        + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above {room}"
         + "; raise the budget or use shorter/smaller batches")
   return min(fitting, key=lambda v: v.round), compiled   # least recomputation
