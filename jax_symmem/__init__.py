@@ -40,6 +40,8 @@ from jax_symmem._src.ir import Program
 from jax_symmem._src.tracing import TracedProgram
 from jax_symmem._src.jit import SymmemFunction
 from jax_symmem._src.jit import jit
+from jax_symmem._src.nnx_jit import NnxFunction
+from jax_symmem._src.nnx_jit import nnx_jit
 from jax_symmem._src.tracing import trace
 
 
@@ -73,7 +75,7 @@ def analyze(fun, *args, polymorphic_shapes, constraints=(), memory_budget=None,
 __version__ = "0.1.0"
 
 __all__ = [
-    "Analysis", "BudgetError", "SymmemFunction", "analyze", "jit",
+    "Analysis", "BudgetError", "NnxFunction", "SymmemFunction", "analyze", "jit", "nnx_jit",
     "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
     "PlanningError", "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
     "MemoryCurves", "memory_curves", "memory_report", "shape_graph", "shape_report", "sweep",
