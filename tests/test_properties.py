@@ -175,7 +175,13 @@ def _check_orders_model_and_budgets(ops, dims, fraction):
   assert schedule.is_valid_order(program, a.schedule.order)
   assert all(schedule.is_valid_order(program, o) for o in a.schedule.candidates.values())
   assert all(schedule.is_valid_order(r.program, r.order) for r in a.rounds)
-  want = jax.jit(fun)(*_args(**dims))
+  # The executor runs op by op, as eager JAX does: compared with eager `fun`, not jax.jit's
+  # fused program. A max's gradient compares its operand with the max, and XLA can round a
+  # fused recomputation of the operand apart from it: a slow-tier draw (add, pool, attend,
+  # roll, pool, add, add, max at b=2, s=4) had eager `fun` and jax.jit(fun) 3.04 apart in
+  # one gradient, round 0 and every round equal to eager `fun`. (symmem.jit against
+  # jax.jit, both compiled: `test_jit_matches_jax_jit_values_and_gradients`.)
+  want = fun(*_args(**dims))
   for at in (dims, MAX):
     env = a.graph.constraints.complete(at)
     flat = jax.tree_util.tree_leaves(_args(**at))
