@@ -76,6 +76,12 @@ def budget_between(lo: int, hi: int, frac: float = 0.5) -> int:
   return int(lo + frac * (hi - lo))
 
 
+def model_near_xla(model: int, xla: int) -> bool:
+  """Whether a modeled peak is within 10 % + 8 MiB of XLA's `memory_analysis()` footprint:
+  issue 10's criterion, of bench_models and model_vs_xla."""
+  return abs(model - xla) <= 0.1 * xla + 8 * MiB
+
+
 def budget_limit(budget: int) -> float:
   """The most a budgeted step's real (F3) peak may read and still count as within `budget`:
   budget x 1.05 + 8 MiB, the criterion of bench_remat, bench_models, soak and table1."""

@@ -41,9 +41,8 @@ REPLAY = flags.DEFINE_string("replay", None, "replay the search on this results 
 BUDGETS = 101
 
 
-def figures(w) -> dict:
+def figures(w, analysis) -> dict:
   """{length: [(round, modeled peak, XLA footprint)]} at the workload's two longer lengths."""
-  analysis = bench_models._analysis(w)
   out = {}
   for s in w.lengths[1:]:
     dims, args = w.dims(s), (w.state(), *w.batch(s))
@@ -62,10 +61,9 @@ def _old_rule(peaks, k, size, predicted, tried, fits, _next=variants.next_round)
   return _next(peaks, k, size, size, tried, fits)
 
 
-def roles(w) -> dict:
+def roles(analysis) -> dict:
   """Which rounds the search treats apart: the planner's last, and the step as written
   (jax.jit's program: round 0, or an annotated step's round after the planner's last)."""
-  analysis = bench_models._analysis(w)
   return {"rounds": len(analysis.rounds), "last": remat.last_planned(analysis.rounds),
           "as_written": analysis.as_written_round}
 
@@ -136,10 +134,13 @@ def main(argv):
     table = measured["figures"]
     # Files from before the roles were recorded: the plan made now, where it has as many
     # rounds as were measured (else the defaults: the last round and round 0).
-    table_roles = measured.get("roles") or {
-        name: r for name in table
-        if (r := roles(bench_models.WORKLOADS[name]()))["rounds"] == len(
-            next(iter(table[name].values())))}
+    table_roles = measured.get("roles")
+    if table_roles is None:
+      table_roles = {}
+      for name, lengths in table.items():
+        r = roles(bench_models._analysis(bench_models.WORKLOADS[name]()))
+        if r["rounds"] == len(next(iter(lengths.values()))):
+          table_roles[name] = r
     out = {"figures": table, "roles": table_roles, "budgets": BUDGETS,
            "replay": summarize(table, table_roles),
            "figures_measured": measured.get("figures_measured") or {
@@ -151,7 +152,8 @@ def main(argv):
   table, table_roles = {}, {}
   for name in names:
     w = bench_models.WORKLOADS[name]()
-    table[name], table_roles[name] = figures(w), roles(w)
+    analysis = bench_models._analysis(w)
+    table[name], table_roles[name] = figures(w, analysis), roles(analysis)
     jax.clear_caches()
   out = {"figures": table, "roles": table_roles, "budgets": BUDGETS,
          "replay": summarize(table, table_roles)}

@@ -46,10 +46,6 @@ def outputs_reserved_peak(round_, order, dims) -> int:
   return int(max(tables.arguments + total, max(steps + ahead))) if len(order) else tables.arguments
 
 
-def within(model: int, xla: int) -> bool:
-  return abs(model - xla) <= 0.1 * xla + 8 * MiB
-
-
 def run_workload(name: str) -> dict:
   w = bench_models.WORKLOADS[name]()
   analysis = bench_models._analysis(w)
@@ -68,8 +64,8 @@ def run_workload(name: str) -> dict:
       row = {"dims": dims, "round": k, "model_mib": model / MiB,
              "outputs_reserved_mib": reserved / MiB, "xla_mib": xla["footprint"] / MiB,
              "xla_parts_mib": {p: v / MiB for p, v in xla.items() if p != "footprint"},
-             "model_ok": within(model, xla["footprint"]),
-             "outputs_reserved_ok": within(reserved, xla["footprint"])}
+             "model_ok": _common.model_near_xla(model, xla["footprint"]),
+             "outputs_reserved_ok": _common.model_near_xla(reserved, xla["footprint"])}
       rows.append(row)
       print(f"{name} {dims} round {k}: model {row['model_mib']:.1f} "
             f"[{'ok' if row['model_ok'] else 'OFF'}], outputs reserved "
