@@ -14,6 +14,8 @@ import itertools
 import re
 from typing import Any, Mapping
 
+import numpy as np
+
 
 @dataclasses.dataclass(frozen=True)
 class Const:
@@ -67,6 +69,23 @@ class Program:
   @functools.cached_property
   def _value_ids(self) -> tuple[int, ...]:
     return self.inputs + tuple(itertools.chain.from_iterable(n.outputs for n in self.nodes))
+
+  @functools.cached_property
+  def reads(self) -> tuple[np.ndarray, np.ndarray]:
+    """(node index, value id) of every operand read, in node order, repeats kept: the
+    planner's per-round tables of a program are built from these with numpy."""
+    operands = [n.operands for n in self.nodes]
+    node_of = np.repeat(np.arange(len(operands), dtype=np.int64),
+                        np.fromiter(map(len, operands), np.int64, len(operands)))
+    return node_of, np.fromiter(itertools.chain.from_iterable(operands), np.int64, len(node_of))
+
+  @functools.cached_property
+  def writes(self) -> tuple[np.ndarray, np.ndarray]:
+    """(node index, value id) of every node output, in node order."""
+    outputs = [n.outputs for n in self.nodes]
+    node_of = np.repeat(np.arange(len(outputs), dtype=np.int64),
+                        np.fromiter(map(len, outputs), np.int64, len(outputs)))
+    return node_of, np.fromiter(itertools.chain.from_iterable(outputs), np.int64, len(node_of))
 
   def walk(self):
     """Yields (program, node) for this program and every nested subprogram."""

@@ -62,17 +62,25 @@ def buffers(program: Program) -> dict[int, int]:
   """Each value id -> the buffer it lives in: its own id, or the buffer of the operand
   it aliases (`ALIAS_RULES`). Liveness is per buffer."""
   buffer: dict[int, int] = {v: v for v in program.value_ids()}
+  buffer.update(_aliases(program))
+  return buffer
+
+
+def _aliases(program: Program) -> dict[int, int]:
+  """The values that alias an operand -> the buffer they live in (`buffers`, less the
+  values that own theirs: most of a program)."""
   parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
     if node.name in ALIAS_RULES:
       for k, i in aliased_operands(node).items():
         parent[node.outputs[k]] = node.inputs[i]
+  roots = {}
   for o in parent:
     root = o
     while root in parent:
       root = parent[root]
-    buffer[o] = root
-  return buffer
+    roots[o] = root
+  return roots
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,26 +330,42 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   hit = _LAYOUTS.get(key)
   if hit is not None and hit[0] is program:
     return hit[1]
-  buffer = buffers(program)
-  pinned = {buffer[x] for x in program.outputs if not isinstance(x, Const)}
-  pinned |= {buffer[v] for k, v in enumerate(program.inputs) if k not in donated}
-  index: dict[int, int] = {}
-  use_node, use_buf, owned = [], [], []
-  for i, node in enumerate(program.nodes):
-    for b in {buffer[x] for x in node.operands}:
-      if b not in pinned:
-        use_node.append(i)
-        use_buf.append(index.setdefault(b, len(index)))
-    for o in node.outputs:
-      if buffer[o] == o:
-        owned.append((i, o))
-  # Read buffers are `index`'s (pinned ones are never dead on arrival anyway).
-  doa = [(i, o) for i, o in owned if o not in index and o not in pinned]
-  layout = _BufferLayout(tuple(index), np.asarray(use_node, np.int64),
-                         np.asarray(use_buf, np.int64), tuple(owned), tuple(doa),
-                         tuple(n for n in program.nodes if n.subprograms), len(program.nodes))
+  # Each planning round lays out its program afresh (10^4 nodes for a 1B step): its
+  # reads are deduplicated and numbered with numpy.
+  alias = _aliases(program)
+  root = alias.get
+  nodes = program.nodes
+  pinned = {root(x, x) for x in program.outputs if not isinstance(x, Const)}
+  pinned |= {root(v, v) for k, v in enumerate(program.inputs) if k not in donated}
+  node_of, buf = program.reads
+  if alias:
+    buf = _map_ids(buf, alias)
+  if pinned:
+    keep = ~np.isin(buf, np.fromiter(pinned, np.int64, len(pinned)))
+    node_of, buf = node_of[keep], buf[keep]
+  read_buffers, use_buf = np.unique(buf, return_inverse=True)
+  use_buf = use_buf.reshape(-1)
+  # One (node, buffer) pair per buffer a node reads, however often it reads it.
+  pair = np.unique(node_of * len(read_buffers) + use_buf)
+  use_node, use_buf = pair // max(len(read_buffers), 1), pair % max(len(read_buffers), 1)
+  out_node, out_val = program.writes
+  own = out_val == _map_ids(out_val, alias) if alias else slice(None)
+  owned = tuple(zip(out_node[own].tolist(), out_val[own].tolist()))
+  read = set(read_buffers.tolist())
+  doa = tuple((i, o) for i, o in owned if o not in read and o not in pinned)
+  layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf, owned, doa,
+                         tuple(n for n in nodes if n.subprograms), len(nodes))
   _remember(_LAYOUTS, key, (program, layout))
   return layout
+
+
+def _map_ids(ids: np.ndarray, mapping: Mapping[int, int]) -> np.ndarray:
+  """`ids` with each id that is a key of `mapping` replaced by its value."""
+  keys = np.fromiter(mapping, np.int64, len(mapping))
+  sort = np.argsort(keys)
+  keys, values = keys[sort], np.fromiter(mapping.values(), np.int64, len(mapping))[sort]
+  at = np.minimum(np.searchsorted(keys, ids), len(keys) - 1)
+  return np.where(keys[at] == ids, values[at], ids)
 
 
 _LAYOUTS: dict = {}

@@ -120,32 +120,40 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   env = graph.constraints.complete(tight)
   peak_pos, peak = memory.peak_step(graph, env, program, order, donated)
 
-  pos = {i: k for k, i in enumerate(order)}
-  producer = {o: n.index for n in program.nodes for o in n.outputs}
-  uses: dict[int, list[int]] = {}
+  # Where each value is made and read, as positions in `order` (numpy: every round
+  # plans a whole program afresh, 10^4 nodes for a 1B-parameter step).
   nodes = program.nodes
-  for k, i in enumerate(order):
-    for x in nodes[i].operands:
-      uses.setdefault(x, []).append(k)
+  node_pos = np.empty(len(order), np.int64)
+  node_pos[np.asarray(order, np.int64)] = np.arange(len(order))
+  read_node, read_val = program.reads
+  write_node, write_val = program.writes
+  ids = max(int(read_val.max(initial=-1)), int(write_val.max(initial=-1)),
+            max(program.inputs, default=-1)) + 1
+  read_pos = node_pos[read_node]
+  last_use = np.full(ids, -1, np.int64)
+  np.maximum.at(last_use, read_val, read_pos)
+  later = read_pos > peak_pos
+  next_use = np.full(ids, len(order), np.int64)        # the first use after the peak
+  np.minimum.at(next_use, read_val[later], read_pos[later])
+  born = np.full(ids, -1, np.int64)
+  born[write_val] = node_pos[write_node]
+  pos = node_pos.tolist()
+  producer = dict(zip(write_val.tolist(), write_node.tolist()))
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
-
-  def spans_peak(v) -> int | None:
-    """Position of v's first use after the peak, if v is live but unused at the peak."""
-    born = pos[producer[v]] if v in producer else -1
-    after = [u for u in uses.get(v, []) if u > peak_pos]
-    if born >= peak_pos or not after or peak_pos in uses.get(v, []) or v in outputs:
-      return None
-    return after[0]
+  at_peak = set(nodes[order[peak_pos]].operands) if order else set()
 
   size_at = memory.order_tables(graph, env, program, donated).size_of   # bytes at env
-  candidates = {v: u for v in program.value_ids() if v in producer
-                and size_at(v) >= min_fraction * peak
-                and (u := spans_peak(v)) is not None}
+  # Made before the peak, read after it, not read at it (nor a program output): live
+  # but unused across the peak. Candidates keep the program's value order.
+  spans = (born[write_val] < peak_pos) & (next_use[write_val] < len(order))
+  candidates = {v: int(next_use[v]) for v in write_val[spans].tolist()
+                if v not in at_peak and v not in outputs
+                and size_at(v) >= min_fraction * peak}
 
   def live_at(v, u) -> bool:
     if v not in producer:   # an argument: held by the caller
       return v in program.inputs
-    return pos[producer[v]] < u and max(uses.get(v, [-1])) >= u
+    return born[v] < u and last_use[v] >= u
 
   # The bound on a regeneration's cost, in place of a node count: its share, by bytes
   # saved, of the whole step's FLOPs among the values evictable here. Evicting every
@@ -175,9 +183,9 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       continue
     nodes, anchors = sub
     cost = sum((node_flops.poly(graph, program.nodes[i]) for i in nodes), ZERO)
-    regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.get)), anchors,
+    regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
-  regions += _loop_candidates(graph, program, pos, uses, peak_pos, loops or {}, env,
+  regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
                               min_fraction * peak)
   counts = DecisionCounts()
   if descend and order:
@@ -224,14 +232,14 @@ class NodeFlops:
     return total
 
 
-def _loop_candidates(graph, program, pos, uses, peak_pos, loops, env, min_bytes):
+def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_bytes):
   """Stacked residuals of scan pairs that are live at the peak and read by nothing but
   their backward scan (a flat region's recomputation may anchor on one)."""
   out = []
   for e in loop_remat.candidates(graph, loops, env):
     state = loops[e.forward]
     f, b = pos[state.forward.index], pos[state.backward.index]
-    if not f <= peak_pos <= b or any(u != b for u in uses.get(e.value, [])):
+    if not f <= peak_pos <= b or np.any(read_pos[read_val == e.value] != b):
       continue
     if graph.bytes(e.value).evaluate(env) >= min_bytes:
       out.append(e)
@@ -358,31 +366,36 @@ class _Triggers:
   inserting blocks never reorders."""
 
   def __init__(self, program: Program, order: Sequence[int]):
-    # One pass: where each value is last read, its depth (the longest chain of nodes
-    # back to the program's inputs), and the values a trigger may be.
-    last_read: dict[int, int] = {}
-    depth = dict.fromkeys(program.inputs, 0)
-    eligible: list[tuple[int, int]] = []
+    # Where each value is last read (numpy), its depth (the longest chain of nodes
+    # back to the program's inputs: one pass in order), and the values a trigger may be.
+    n = len(order)
+    node_pos = np.empty(n, np.int64)
+    node_pos[np.asarray(order, np.int64)] = np.arange(n)
+    read_node, read_val = program.reads
+    write_node, write_val = program.writes
+    ids = max(int(read_val.max(initial=-1)), int(write_val.max(initial=-1)),
+              max(program.inputs, default=-1)) + 1
+    last_read = np.full(ids, -1, np.int64)
+    np.maximum.at(last_read, read_val, node_pos[read_node])
+    depth = [0] * ids
+    get = depth.__getitem__
     nodes = program.nodes
-    for k, i in enumerate(order):
+    for i in order:
       node = nodes[i]
-      d = 0
-      for x in node.operands:
-        last_read[x] = k
-        if depth[x] > d:
-          d = depth[x]
-      d += 1
+      d = max(map(get, node.operands), default=0) + 1
       for o in node.outputs:
         depth[o] = d
-      if node.primitive.name not in NOT_A_TRIGGER:
-        for o in node.outputs:
-          eligible.append((o, k))
-    made = [(o, k) for o, k in eligible if o in last_read]
-    self.values = [o for o, _ in made]
+    eligible = np.fromiter((n.primitive.name not in NOT_A_TRIGGER for n in nodes), bool,
+                           len(nodes))
+    born = node_pos[write_node]
+    # In order of position, as the values were made (a node's outputs in their order).
+    made = np.lexsort((np.arange(len(write_val)), born))
+    made = made[eligible[write_node[made]] & (last_read[write_val[made]] >= 0)]
+    self.values = write_val[made].tolist()
     self.index = {o: j for j, o in enumerate(self.values)}
-    self.born = np.array([k for _, k in made], np.int64)
-    self.last_read = np.array([last_read[o] for o in self.values], np.int64)
-    self.depth = np.array([depth[o] for o in self.values], np.int64)
+    self.born = born[made]
+    self.last_read = last_read[write_val[made]]
+    self.depth = np.asarray(depth, np.int64)[write_val[made]]
 
   def at(self, k: int, skip: Iterable[int]) -> int | None:
     """The trigger for a consumer at position k, never one of `skip`."""

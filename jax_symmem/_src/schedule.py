@@ -234,10 +234,13 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
   current = memory.peak_at(graph, at, state.program, order, donated)
   moves = 0
   for i in reversed(range(len(order))):
-    if not state.succs[i]:
+    succs = state.succs[i]
+    if not succs:
       continue
     if profile is not None:
-      p, q = int(profile.pos[i]), int(min(profile.pos[s] for s in state.succs[i]))
+      pos = profile.pos
+      p = int(pos[i])
+      q = int(pos[succs[0]]) if len(succs) == 1 else int(pos[succs].min())
       if q == p + 1:
         continue
       new = profile.trial(i, q)
@@ -291,30 +294,35 @@ class _Profile:
     before = t.arguments + np.concatenate(([0], np.cumsum(net[:-1])))
     self.step = before + t.alloc[seq] + t.trans[seq]
     self._top = int(np.argmax(self.step)) if n else 0      # a position of the profile's max
-
-  def _before(self, k: int) -> int:
-    """Live bytes before the step at position k runs."""
-    return int(self.step[k]) - self.running[int(self.order[k])]
+    self._positions = np.arange(n)
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
-    p, pos, last = int(self.pos[i]), self.pos, self.last
+    p, pos, last, size = int(self.pos[i]), self.pos, self.last, self.size
     net = self.keep[i] - self.freed[i]
     # Buffers i reads whose last read falls before q are now last read by i: freed later.
-    handed = sorted((int(pos[last[b]]), self.size[b]) for b in self.reads[i]
-                    if last[b] != i and pos[last[b]] < q)
+    handed = []
+    for b in self.reads[i]:
+      j = last[b]
+      if j != i:
+        at = pos[j]
+        if at < q:
+          handed.append((int(at), size[b], b))
+    if len(handed) > 1:
+      handed.sort()
     step, peak, held, start = self.step, self.arguments, 0, p + 1
-    for at, size in handed:
+    for at, bytes_, _ in handed:
       if at >= start:
         peak = max(peak, int(step[start:at + 1].max()) + held - net)
         start = at + 1
-      held += size
+      held += bytes_
     if start < q:
       peak = max(peak, int(step[start:q].max()) + held - net)
-    i_before = self._before(q) - net + held
+    i_before = int(step[q]) - self.running[int(self.order[q])] - net + held
     peak = max(peak, i_before + self.running[i])
-    if not p <= self._top < q:          # the max lies outside the window: nothing else can beat it
-      peak = max(peak, int(step[self._top]))
+    top = self._top
+    if not p <= top < q:          # the max lies outside the window: nothing else can beat it
+      peak = max(peak, int(step[top]))
     else:
       if p > 0:
         peak = max(peak, int(step[:p].max()))
@@ -327,27 +335,27 @@ class _Profile:
     """Applies the last trial move."""
     i, p, q, net, handed, i_before = self._pending
     step, order = self.step, self.order
-    step[p:q - 1] = step[p + 1:q]
     if net:
-      step[p:q - 1] -= net
-    for at, size in handed:   # the steps after the old last reader keep the buffer too
-      step[at:q - 1] += size
+      np.subtract(step[p + 1:q], net, out=step[p:q - 1])
+    else:
+      step[p:q - 1] = step[p + 1:q]
+    for at, bytes_, _ in handed:   # the steps after the old last reader keep the buffer too
+      step[at:q - 1] += bytes_
     step[q - 1] = i_before + self.running[i]
     if p <= self._top < q:
-      self._top = int(np.argmax(step))
+      self._top = int(step.argmax())
     else:
-      w = p + int(np.argmax(step[p:q]))
+      w = p + int(step[p:q].argmax())
       if step[w] > step[self._top]:
         self._top = w
-    for b in self.reads[i]:
-      j = self.last[b]
-      if j != i and self.pos[j] < q:
-        self.freed[j] -= self.size[b]
-        self.freed[i] += self.size[b]
-        self.last[b] = i
+    last, freed = self.last, self.freed
+    for _, bytes_, b in handed:   # i is their last reader now
+      freed[last[b]] -= bytes_
+      freed[i] += bytes_
+      last[b] = i
     order[p:q - 1] = order[p + 1:q]
     order[q - 1] = i
-    self.pos[order[p:q]] = np.arange(p, q)
+    self.pos[order[p:q]] = self._positions[p:q]
 
 
 @dataclasses.dataclass(frozen=True)
