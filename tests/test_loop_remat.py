@@ -244,3 +244,82 @@ def test_a_residual_is_named_by_the_layer_code_that_computes_it():
   marker = "probs = jax.nn.softmax("
   line = next(k for k, text in enumerate(open(__file__), 1) if marker in text)
   assert any(f"test_loop_remat.py:{line}:" in r and "[3, b, s, s]" in r for r in residuals)
+
+
+# --- cond pairs: stochastic depth -------------------------------------------------------
+
+
+def _gated_loss(n_layers, keep=0.7):
+  """Stochastic depth as LayerDrop writes it: each layer's residual branch runs under
+  `lax.cond` on a random draw, so AD makes a forward/backward cond pair per layer."""
+  def loss(ws, x, key):
+    for (w1, w2), k in zip(ws, jax.random.split(key, n_layers)):
+      branch = lambda h, w1=w1, w2=w2: h + jax.nn.gelu(jnp.tanh(h @ w1) @ w2) / keep
+      x = jax.lax.cond(jax.random.bernoulli(k, keep), branch, lambda h: h, x)
+    return jnp.mean(x ** 2)
+  return jax.value_and_grad(loss)
+
+
+def _gated_args(n_layers, b, s, d=16, f=24, seed=0):
+  rng = np.random.RandomState(seed)
+  ws = [(jnp.asarray(rng.randn(d, f).astype(np.float32) / 4),
+         jnp.asarray(rng.randn(f, d).astype(np.float32) / 4)) for _ in range(n_layers)]
+  return ws, jnp.asarray(rng.randn(b, s, d).astype(np.float32)), jax.random.key(seed)
+
+
+def _gated_analysis(n_layers, d=16, f=24):
+  return symmem.analyze(_gated_loss(n_layers), *_gated_args(n_layers, 2, 8, d, f),
+                        polymorphic_shapes=(None, "b, s, _", None),
+                        constraints=("s <= 128", "b <= 4"))
+
+
+def test_cond_pairs_link_branch_residuals_to_the_backward_cond():
+  traced = _gated_analysis(3).traced
+  pairs = loop_remat.cond_pairs(traced.program)
+  assert len(pairs) == 3   # one per gated layer
+  for state in pairs.values():
+    f, b = state.forward, state.backward
+    assert f.name == b.name == "cond" and f.inputs[0] == b.inputs[0]   # the same draw
+    assert state.links and all(k > 0 for ks in state.links.values() for k in ks)
+    assert all(b.inputs[k] == f.outputs[j] for j, ks in state.links.items() for k in ks)
+
+
+def test_every_round_of_a_gated_program_computes_what_jax_jit_does():
+  fun = _gated_loss(3)
+  analysis = _gated_analysis(3)
+  evictions = _loop_evictions(analysis)
+  assert evictions and all(analysis.graph.values[e.value].primitive == "cond" for e in evictions)
+  dims = {"b": 3, "s": 40}
+  for seed in (1, 2, 3):   # other draws: other branches taken
+    args = _gated_args(3, 3, 40, seed=seed)
+    ref = jax.jit(fun)(*args)
+    for k in range(len(analysis.rounds)):
+      chex.assert_trees_all_close(_run_round(analysis, k, dims, args), ref, rtol=2e-5, atol=1e-6)
+
+
+def test_the_last_gated_round_reaches_per_layer_checkpointing_in_xla_and_runs_under_a_budget():
+  n, d, f = 3, 32, 64
+  analysis = _gated_analysis(n, d, f)
+  args = _gated_args(n, 4, 128, d, f, seed=1)
+  leaves = jax.tree_util.tree_leaves(args)
+  dims = {"b": 4, "s": 128}
+  last = _xla_bytes(variants.round_function(analysis, len(analysis.rounds) - 1, dims), leaves)
+  plain = _xla_bytes(_gated_loss(n), args)
+
+  def checkpointed(ws, x, key):   # jax.checkpoint on each gated branch, as a user writes it
+    def loss(ws, x, key):
+      for (w1, w2), k in zip(ws, jax.random.split(key, n)):
+        branch = jax.checkpoint(lambda h, w1, w2: h + jax.nn.gelu(jnp.tanh(h @ w1) @ w2) / 0.7)
+        x = jax.lax.cond(jax.random.bernoulli(k, 0.7), lambda h: branch(h, w1, w2),
+                         lambda h: h, x)
+      return jnp.mean(x ** 2)
+    return jax.value_and_grad(loss)(ws, x, key)
+  per_layer = _xla_bytes(checkpointed, args)
+  assert last <= 1.05 * per_layer < plain, (last, per_layer, plain)
+
+  budget = (last + plain) // 2
+  step = symmem.jit(_gated_loss(n), polymorphic_shapes=(None, "b, s, _", None),
+                    constraints=("s <= 128", "b <= 4"), memory_budget=int(budget))
+  out = step(*args)
+  assert step.last_call["round"] > 0 and step.last_call["xla_bytes"] <= budget
+  chex.assert_trees_all_close(out, jax.jit(_gated_loss(n))(*args), rtol=2e-5, atol=1e-6)

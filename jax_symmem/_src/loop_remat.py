@@ -17,6 +17,15 @@ shared work (norms, projections) is recomputed once, not once per residual.
 Evicting every residual is per-layer checkpointing (`jax.checkpoint` on the
 body: only the carry is saved); fewer is the cheaper middle ground.
 
+Differentiating a `lax.cond` (`nn.cond`; stochastic depth, LayerDrop) gives the
+same shape with one trip: a forward cond whose branches output the residuals (the
+branch not taken outputs zeros in their place) and a backward cond on the same
+index that reads them. A cond residual is evicted the same way: the forward cond
+stops outputting it, and each branch of the backward cond first replays the same
+branch of the forward cond, from the forward operands, or from a residual that
+forwards one unchanged in that branch (AD saves a layer's input that way).
+Evicting all but those is per-layer checkpointing of the gated layer.
+
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
 """
@@ -24,8 +33,9 @@ original nodes), so rounds compose without nesting regenerations.
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
+import jax
 from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops, scan_length
@@ -78,8 +88,9 @@ class LoopState:
 
 @dataclasses.dataclass(frozen=True)
 class LoopEviction:
-  """Evict one stacked residual of a scan pair; regenerate it in the backward body."""
-  forward: int                  # node index of the forward scan
+  """Evict one stacked residual of a scan pair (or one output of a forward cond);
+  regenerate it in the backward body (branch)."""
+  forward: int                  # node index of the forward scan (cond)
   output: int                   # its output index (a stacked residual)
   value: int                    # the residual's value id
   saved: Poly                   # bytes no longer stacked (minus carries stacked for it)
@@ -91,11 +102,59 @@ class LoopEviction:
     at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
     where = source_label(self.source, info.primitive)
-    return (f"evict scan residual {info.shape_str()} from {where}: regenerated in the "
-            f"backward scan; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
+    kind = "cond" if info.primitive == "cond" else "scan"   # the node that outputs it
+    return (f"evict {kind} residual {info.shape_str()} from {where}: regenerated in the "
+            f"backward {kind}; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
 
 # --- finding pairs ---------------------------------------------------------------------
+
+
+def pairs(program: Program) -> dict[int, LoopState]:
+  """The forward/backward scan pairs and cond pairs of `program`, by forward node index."""
+  return {**scan_pairs(program), **cond_pairs(program)}
+
+
+def _uses(program: Program) -> dict[int, list[tuple[Node, int]]]:
+  uses: dict[int, list[tuple[Node, int]]] = {}
+  for node in program.nodes:
+    for k, x in enumerate(node.inputs):
+      if not isinstance(x, Const):
+        uses.setdefault(x, []).append((node, k))
+  return uses
+
+
+def cond_pairs(program: Program) -> dict[int, LoopState]:
+  """Forward conds whose outputs a later cond on the same index reads (and nothing
+  else): that cond's branch k runs exactly when the forward's branch k ran, so it
+  can replay it. Keyed by the forward cond's node index."""
+  if not any(n.name == "cond" for n in program.nodes):
+    return {}
+  uses = _uses(program)
+  outputs = {x for x in program.outputs if not isinstance(x, Const)}
+  found = {}
+  for f in program.nodes:
+    if f.name != "cond" or any(b.consts for b in f.params["branches"]):
+      continue
+    links: dict[int, tuple[int, ...]] = {}
+    backward = None
+    for j, v in enumerate(f.outputs):
+      readers = uses.get(v, [])
+      if v in outputs or not readers:
+        continue
+      b = readers[0][0]
+      if (len({id(n) for n, _ in readers}) != 1 or b.name != "cond" or b.index == f.index
+          or len(b.params["branches"]) != len(f.params["branches"])
+          or any(br.consts for br in b.params["branches"])
+          or b.inputs[0] != f.inputs[0] or isinstance(f.inputs[0], Const)
+          or (backward is not None and b is not backward)
+          or any(k == 0 for _, k in readers)):
+        continue
+      backward = b
+      links[j] = tuple(k for _, k in readers)
+    if backward is not None:
+      found[f.index] = LoopState.of(f, backward, links)
+  return found
 
 
 def scan_pairs(program: Program) -> dict[int, LoopState]:
@@ -103,11 +162,7 @@ def scan_pairs(program: Program) -> dict[int, LoopState]:
   as scanned inputs; keyed by the forward scan's node index."""
   if not any(n.name == "scan" for n in program.nodes):
     return {}
-  uses: dict[int, list[tuple[Node, int]]] = {}
-  for node in program.nodes:
-    for k, x in enumerate(node.inputs):
-      if not isinstance(x, Const):
-        uses.setdefault(x, []).append((node, k))
+  uses = _uses(program)
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   pairs = {}
   for f in program.nodes:
@@ -189,7 +244,10 @@ class _Replay:
 def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
   f = state.forward
   nc, ncarry = f.params["num_consts"], f.params["num_carry"]
-  nodes, inputs = _needs(_body(f), sorted(evicted))
+  nodes, _ = _needs(_body(f), sorted(evicted))
+  # What the replay reads as `tracing.eval_jaxpr` runs it (an inlined call's unused
+  # operands included): the rewrite passes each of these.
+  inputs = tracing.read_inputs(f.params["jaxpr"].jaxpr, sorted(evicted))
   carries = frozenset(k - nc for k in inputs if nc <= k < nc + ncarry)
   stacked = {c: j for c, j in _carry_identity(state).items() if j not in evicted}
   return _Replay(nodes, inputs, carries, stacked)
@@ -207,11 +265,17 @@ def _replayable(state: LoopState, replay: _Replay) -> bool:
              for i in replay.nodes)
 
 
-def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[str, int]
+def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[str, int],
+               live: Callable[[LoopState, int], bool] = lambda state, v: False
                ) -> list[LoopEviction]:
-  """One eviction per residual still stacked, with its marginal cost and saving."""
+  """One eviction per residual still stacked (or output by a forward cond), with its
+  marginal cost and saving. `live(state, v)`: whether value v is live at the pair's
+  backward node anyway (a cond's regeneration passes it forward operands)."""
   out = []
   for fi, state in pairs.items():
+    if state.forward.name == "cond":
+      out += _cond_candidates(graph, fi, state, env, live)
+      continue
     f = state.forward
     identities = set(_carry_identity(state).values())
     base = _replay(state, state.evicted) if state.evicted else None
@@ -234,6 +298,144 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
       out.append(LoopEviction(fi, j, f.outputs[j], saved,
                               _cost(graph, state, replay) - base_cost, _source_of(f, j)))
   return out
+
+
+# --- cond pairs ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class _CondReplay:
+  """What regenerating `evicted` replays of each branch of the forward cond."""
+  nodes: tuple[frozenset[int], ...]         # per branch: its node indices
+  sources: tuple[Mapping[int, int], ...]    # per branch: input position -> the residual
+  #                                           output forwarding that input unchanged there
+  passed: frozenset[int]                    # input positions the backward cond receives
+
+
+def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
+  nodes, sources, passed = [], [], set()
+  for branch, jaxpr in zip(state.forward.subprograms, state.forward.params["branches"]):
+    needed_nodes, _ = _needs(branch, sorted(evicted))
+    # The inputs the replay reads, as `tracing.eval_jaxpr` runs it (an inlined call's
+    # unused operands included), so that the rewrite passes every one of them.
+    needed_inputs = tracing.read_inputs(jaxpr.jaxpr, sorted(evicted))
+    forwards: dict[int, int] = {}
+    for m in sorted(state.links):
+      v = branch.outputs[m]
+      if m not in evicted and not isinstance(v, Const) and v in branch.inputs:
+        forwards.setdefault(branch.inputs.index(v), m)
+    nodes.append(needed_nodes)
+    sources.append({k: forwards[k] for k in needed_inputs if k in forwards})
+    passed |= {k for k in needed_inputs if k not in forwards}
+  return _CondReplay(tuple(nodes), tuple(sources), frozenset(passed))
+
+
+def _cond_cost(graph: ShapeGraph, state: LoopState, replay: _CondReplay) -> Poly:
+  """Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond)."""
+  return sum((flops(graph, branch.nodes[i])
+              for branch, nodes in zip(state.forward.subprograms, replay.nodes)
+              for i in sorted(nodes)), ZERO)
+
+
+def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
+  f = state.forward
+  base = _cond_replay(state, state.evicted)
+  base_cost = _cond_cost(graph, state, base)
+  out = []
+  for j in sorted(state.links):
+    if j in state.evicted:
+      continue
+    replay = _cond_replay(state, state.evicted | {j})
+    if not all(not b.nodes[i].effects and b.nodes[i].name not in NOT_REPLAYABLE
+               for b, nodes in zip(f.subprograms, replay.nodes) for i in nodes):
+      continue
+    # Forward operands the backward now receives are kept alive until it runs.
+    extra = ZERO
+    for k in sorted(replay.passed - base.passed):
+      v = state.forward_operands[1 + k]
+      if not isinstance(v, Const) and not live(state, v):
+        extra = extra + graph.bytes(v)
+    saved = graph.bytes(f.outputs[j]) - extra
+    if saved.evaluate(env) <= 0:
+      continue
+    out.append(LoopEviction(fi, j, f.outputs[j], saved,
+                            _cond_cost(graph, state, replay) - base_cost, _cond_source(f, j)))
+  return out
+
+
+def _cond_source(cond: Node, j: int) -> str:
+  """Where a branch computes cond output j (the other branches output zeros there)."""
+  for branch in cond.subprograms:
+    value = branch.outputs[j]
+    producer = (None if isinstance(value, Const) else
+                next((node for node in branch.nodes if value in node.outputs), None))
+    if producer is not None and producer.name != "broadcast_in_dim":
+      return producer.source
+  return cond.source
+
+
+def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
+                  ) -> tuple[Program, LoopState]:
+  """`rewrite` for a cond pair: the forward cond without the `evicted` outputs; each
+  branch of the backward cond replays its forward branch for them first."""
+  next_id = program.max_id() + 1
+  f, b = state.forward, state.backward
+  f_branches, b_branches = f.params["branches"], b.params["branches"]
+  evicted_list = sorted(evicted)
+  kept = [j for j in range(len(f.outputs)) if j not in evicted]
+  replay = _cond_replay(state, frozenset(evicted))
+  passed = sorted(replay.passed)
+  f_operands, b_inputs = list(state.forward_operands), list(state.backward_operands)
+
+  def forward_branch(br):
+    return lambda *ops: tracing.eval_jaxpr(br.jaxpr, br.consts, ops, wanted=kept)
+
+  new_f, sub = tracing.node_from_function(
+      _cond_function(f.primitive, [forward_branch(br) for br in f_branches]),
+      [_aval(program, x) for x in f_operands], next_id)
+  next_id = sub.max_id() + 1
+  new_f, forwarded = _rebind(new_f, sub, f_operands, [f.outputs[j] for j in kept], f.index)
+  b_inputs = [_renamed(x, forwarded) for x in b_inputs]
+
+  # Backward: its inputs (index first) less the evicted residuals, then the passed operands.
+  evicted_at = {k: j for j, ks in state.links.items() if j in evicted for k in ks}
+  kept_at = [k for k in range(1, len(b.inputs)) if k not in evicted_at]
+  b_operands = [b_inputs[0]] + [b_inputs[k] for k in kept_at] + [f_operands[1 + k] for k in passed]
+
+  def backward_branch(i):
+    fb, bb, sources = f_branches[i], b_branches[i], replay.sources[i]
+    def run(*ops):
+      values = dict(zip(kept_at, ops[:len(kept_at)]))
+      f_args = [None] * len(fb.jaxpr.invars)
+      for k, a in zip(passed, ops[len(kept_at):]):
+        f_args[k] = a
+      for k, m in sources.items():   # an input that a kept residual forwards here
+        f_args[k] = values[state.links[m][0]]
+      regen = dict(zip(evicted_list, tracing.eval_jaxpr(fb.jaxpr, fb.consts, f_args,
+                                                        wanted=evicted_list)))
+      values.update({k: regen[j] for k, j in evicted_at.items()})
+      return tracing.eval_jaxpr(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
+    return run
+
+  new_b, sub = tracing.node_from_function(
+      _cond_function(b.primitive, [backward_branch(i) for i in range(len(b_branches))]),
+      [_aval(program, x) for x in b_operands], next_id)
+  new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
+  forwarded.update(b_forwarded)
+  return (replace_nodes(program, {f.index: new_f, b.index: new_b}, forwarded, dict(program.avals)),
+          dataclasses.replace(state, evicted=frozenset(evicted), backward_operands=tuple(
+              _renamed(x, forwarded) for x in state.backward_operands)))
+
+
+def _cond_function(cond_primitive, branch_functions):
+  """`(index, *operands) -> outputs` binding `cond_primitive` (the traced cond's own) on
+  branches traced from `branch_functions`: exactly one node, as `lax.switch` (which
+  clamps the index first) would not give."""
+  def fun(index, *operands):
+    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands]
+    branches = tuple(jax.make_jaxpr(g)(*specs) for g in branch_functions)
+    return cond_primitive.bind(index, *operands, branches=branches)
+  return fun
 
 
 def _source_of(scan: Node, j: int) -> str:
@@ -265,7 +467,10 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   that `evicted` (forward output indices) are regenerated in the backward body, and
   the pair's new state. Node indices do not change; the outputs both scans keep
   keep their value ids; new values are numbered above every id in `program`.
+  A cond pair is rewritten by `_rewrite_cond`.
   """
+  if state.forward.name == "cond":
+    return _rewrite_cond(program, state, evicted)
   next_id = program.max_id() + 1
   f, b = state.forward, state.backward
   fp, bp = f.params, b.params

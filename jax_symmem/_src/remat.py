@@ -186,7 +186,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
-                              min_fraction * peak)
+                              min_fraction * peak, set(program.inputs), last_use)
   counts = DecisionCounts()
   if descend and order:
     inner, counts = _body_candidates(graph, program, order[peak_pos], tight, env, loops or {},
@@ -232,11 +232,14 @@ class NodeFlops:
     return total
 
 
-def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_bytes):
-  """Stacked residuals of scan pairs that are live at the peak and read by nothing but
-  their backward scan (a flat region's recomputation may anchor on one)."""
+def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_bytes,
+                     inputs, last_use):
+  """Stacked residuals of scan pairs (outputs of forward conds) that are live at the peak
+  and read by nothing but their backward scan (cond)."""
+  def live(state, v):   # at the backward node anyway: an argument, or read there or later
+    return v in inputs or last_use[v] >= pos[state.backward.index]
   out = []
-  for e in loop_remat.candidates(graph, loops, env):
+  for e in loop_remat.candidates(graph, loops, env, live):
     state = loops[e.forward]
     f, b = pos[state.forward.index], pos[state.backward.index]
     if not f <= peak_pos <= b or np.any(read_pos[read_val == e.value] != b):
@@ -258,7 +261,7 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops):
   # derived afresh from the body as it stands, so a pair rewritten in an earlier round
   # offers its remaining residuals.
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
-               node_flops=node_flops, loops=loop_remat.scan_pairs(body), descend=False)
+               node_flops=node_flops, loops=loop_remat.pairs(body), descend=False)
   trips = scan_length(node)
   return [body_remat.BodyEviction(index, r, trips) for r in inner.regions], inner.counts
 
@@ -544,7 +547,7 @@ def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
 def first_round(graph: ShapeGraph, order: Sequence[int]) -> Round:
   """Round 0: the traced program in `order`, nothing evicted."""
   return Round((), (), graph.traced.program, tuple(order), graph,
-               loop_remat.scan_pairs(graph.traced.program))
+               loop_remat.pairs(graph.traced.program))
 
 
 def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction |
@@ -577,7 +580,7 @@ def _evict_residuals(body: Program, evictions: Sequence[loop_remat.LoopEviction]
   """`body` (of a scan) with its scan pairs rewritten to regenerate `evictions`; the pairs
   as they stand in `body` (one rewritten in an earlier round is rewritten again)."""
   for fi in sorted({e.forward for e in evictions}):
-    state = loop_remat.scan_pairs(body)[fi]
+    state = loop_remat.pairs(body)[fi]
     body, _ = loop_remat.rewrite(body, state, frozenset(e.output for e in evictions
                                                         if e.forward == fi))
   return body

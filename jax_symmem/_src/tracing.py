@@ -301,12 +301,7 @@ def eval_jaxpr(jaxpr, consts: Sequence[Any], args: Sequence[Any],
   that the outputs at positions `wanted` (default: all) depend on: a dead-code
   eliminating `jax.core.eval_jaxpr`. Unused arguments may be None."""
   outvars = jaxpr.outvars if wanted is None else [jaxpr.outvars[k] for k in wanted]
-  needed = {v for v in outvars if not isinstance(v, jcore.Literal)}
-  eqns = []
-  for eqn in reversed(jaxpr.eqns):
-    if any(o in needed for o in eqn.outvars) or eqn.effects:
-      eqns.append(eqn)
-      needed.update(v for v in eqn.invars if not isinstance(v, jcore.Literal))
+  eqns, _ = _live_equations(jaxpr, outvars)
   values = dict(zip(jaxpr.constvars, consts))
   values.update(zip(jaxpr.invars, args))
   read = lambda v: v.val if isinstance(v, jcore.Literal) else values[v]
@@ -317,6 +312,24 @@ def eval_jaxpr(jaxpr, consts: Sequence[Any], args: Sequence[Any],
       outs = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
     values.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
   return [read(v) for v in outvars]
+
+
+def _live_equations(jaxpr, outvars):
+  """(the equations `outvars` depend on, last first; every variable they read)."""
+  needed = {v for v in outvars if not isinstance(v, jcore.Literal)}
+  eqns = []
+  for eqn in reversed(jaxpr.eqns):
+    if any(o in needed for o in eqn.outvars) or eqn.effects:
+      eqns.append(eqn)
+      needed.update(v for v in eqn.invars if not isinstance(v, jcore.Literal))
+  return eqns, needed
+
+
+def read_inputs(jaxpr, wanted: Sequence[int]) -> frozenset[int]:
+  """Positions of `jaxpr`'s inputs that `eval_jaxpr(..., wanted=wanted)` reads (a call
+  equation reads all its operands, even those its body does not use)."""
+  _, needed = _live_equations(jaxpr, [jaxpr.outvars[k] for k in wanted])
+  return frozenset(k for k, v in enumerate(jaxpr.invars) if v in needed)
 
 
 def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
