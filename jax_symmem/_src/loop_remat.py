@@ -253,9 +253,17 @@ def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
   return _Replay(nodes, inputs, carries, stacked)
 
 
+def _flops(graph: ShapeGraph, node: Node) -> Poly:
+  """`flops` of a body node, remembered: each round re-prices the same bodies."""
+  cache = graph.node_cache("flops")
+  if node not in cache:
+    cache[node] = flops(graph, node)
+  return cache[node]
+
+
 def _cost(graph: ShapeGraph, state: LoopState, replay: _Replay) -> Poly:
   body = _body(state.forward)
-  per_iteration = sum((flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
+  per_iteration = sum((_flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
   return scan_length(state.forward) * per_iteration
 
 
@@ -332,20 +340,26 @@ def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
 
 def _cond_cost(graph: ShapeGraph, state: LoopState, replay: _CondReplay) -> Poly:
   """Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond)."""
-  return sum((flops(graph, branch.nodes[i])
+  return sum((_flops(graph, branch.nodes[i])
               for branch, nodes in zip(state.forward.subprograms, replay.nodes)
               for i in sorted(nodes)), ZERO)
 
 
 def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
   f = state.forward
-  base = _cond_replay(state, state.evicted)
-  base_cost = _cond_cost(graph, state, base)
+  replays = graph.node_cache("cond replays")   # each round asks again for most of them
+  def replay_of(evicted):
+    key = (f, tuple(sorted(state.links)), evicted)
+    if key not in replays:
+      replay = _cond_replay(state, evicted)
+      replays[key] = replay, _cond_cost(graph, state, replay)
+    return replays[key]
+  base, base_cost = replay_of(state.evicted)
   out = []
   for j in sorted(state.links):
     if j in state.evicted:
       continue
-    replay = _cond_replay(state, state.evicted | {j})
+    replay, cost = replay_of(state.evicted | {j})
     if not all(not b.nodes[i].effects and b.nodes[i].name not in NOT_REPLAYABLE
                for b, nodes in zip(f.subprograms, replay.nodes) for i in nodes):
       continue
@@ -358,8 +372,7 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
     saved = graph.bytes(f.outputs[j]) - extra
     if saved.evaluate(env) <= 0:
       continue
-    out.append(LoopEviction(fi, j, f.outputs[j], saved,
-                            _cond_cost(graph, state, replay) - base_cost, _cond_source(f, j)))
+    out.append(LoopEviction(fi, j, f.outputs[j], saved, cost - base_cost, _cond_source(f, j)))
   return out
 
 

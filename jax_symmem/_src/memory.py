@@ -255,7 +255,8 @@ class _IntTables:
                donated: frozenset):
     layout = _buffer_layout(program, donated)
     # Python ints of every value and control-flow node; no reference to `graph` is
-    # kept (see _TRANSIENTS), so the cache below never keeps a traced call alive.
+    # kept (the graph reaches the traced call and its arrays), so the cache below never
+    # keeps a traced call alive.
     value_bytes = graph.bytes_at(env, program.value_ids())
     node_trans = {n.index: max(t.evaluate(env) for t in transients(graph, n))
                   for n in layout.control_flow if transients(graph, n)}
@@ -424,13 +425,6 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
   return arguments, steps
 
 
-# graph -> node -> transients. Weak in the graph: a graph reaches the traced function
-# and, through its closure, the arrays of the call that traced it; a strong cache
-# would keep those alive for the life of the process.
-_TRANSIENTS: "weakref.WeakKeyDictionary[ShapeGraph, dict[Node, tuple[Poly, ...]]]" = (
-    weakref.WeakKeyDictionary())
-
-
 def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
   """A control-flow node's working set above its bodies' inputs, as the polynomials
   whose max it is (pruned: each is the largest somewhere); () for plain ops.
@@ -441,7 +435,7 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
   """
   if not node.subprograms:
     return ()
-  cache = _TRANSIENTS.setdefault(graph, {})
+  cache = graph.node_cache("transients")
   if node not in cache:
     pieces = []
     for body in node.subprograms:

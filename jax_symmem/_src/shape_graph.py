@@ -160,6 +160,8 @@ class ShapeGraph:
     # from a copy (it keeps every value of this one as it is, but two graphs extended
     # from one may give the same new id to different values).
     self._bytes_at: dict[tuple, dict[int, int]] = {}
+    # kind -> node -> a figure derived from its values (`node_cache`).
+    self._node_caches: dict[str, dict] = {}
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
     self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
@@ -230,6 +232,14 @@ class ShapeGraph:
     new._bytes_at = {k: dict(v) for k, v in self._bytes_at.items()}
     return new
 
+  def node_cache(self, kind: str) -> dict:
+    """A cache of per-node figures derived from the values a node reads and writes (a
+    control-flow node's working set, a loop body node's FLOPs), keyed by the node.
+    Shared with the graphs `extended` derives, in which every node of this graph
+    prices the same (its values are theirs too): the remat rounds extend a graph each
+    round and re-read the same scans and conds. Not with `per_device`'s graph."""
+    return self._node_caches.setdefault(kind, {})
+
   def bytes_at(self, env: Mapping[str, int], values: Iterable[int]) -> dict[int, int]:
     """{value id: its bytes at the complete dims `env`} for `values`, each distinct
     polynomial evaluated once. Remembered for the few most recently asked dims (the
@@ -267,6 +277,7 @@ class ShapeGraph:
     new = object.__new__(ShapeGraph)
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
     new._bytes_at = {}   # values' bytes change here
+    new._node_caches = {}
     values = dict(self.values)
     for vid, ds in divisors.items():
       info = values.get(vid)
