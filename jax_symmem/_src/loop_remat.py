@@ -124,69 +124,59 @@ def _uses(program: Program) -> dict[int, list[tuple[Node, int]]]:
   return uses
 
 
-def cond_pairs(program: Program) -> dict[int, LoopState]:
-  """Forward conds whose outputs a later cond on the same index reads (and nothing
-  else): that cond's branch k runs exactly when the forward's branch k ran, so it
-  can replay it. Keyed by the forward cond's node index."""
-  if not any(n.name == "cond" for n in program.nodes):
+def _find_pairs(program: Program, name: str, residuals: Callable[[Node], range],
+                links: Callable[[Node, Node, list[int]], bool]) -> dict[int, LoopState]:
+  """Each `name` node f whose `residuals(f)` outputs are read by one other node b, the
+  same for all of them, where `links(f, b, positions b reads them at)` holds; keyed by
+  f's index. An output the program returns, or that another node reads, is no link."""
+  if not any(n.name == name for n in program.nodes):
     return {}
   uses = _uses(program)
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   found = {}
   for f in program.nodes:
-    if f.name != "cond" or any(b.consts for b in f.params["branches"]):
+    if f.name != name:
       continue
-    links: dict[int, tuple[int, ...]] = {}
+    linked: dict[int, tuple[int, ...]] = {}
     backward = None
-    for j, v in enumerate(f.outputs):
+    for j in residuals(f):
+      v = f.outputs[j]
       readers = uses.get(v, [])
       if v in outputs or not readers:
         continue
-      b = readers[0][0]
-      if (len({id(n) for n, _ in readers}) != 1 or b.name != "cond" or b.index == f.index
-          or len(b.params["branches"]) != len(f.params["branches"])
-          or any(br.consts for br in b.params["branches"])
-          or b.inputs[0] != f.inputs[0] or isinstance(f.inputs[0], Const)
-          or (backward is not None and b is not backward)
-          or any(k == 0 for _, k in readers)):
+      b, positions = readers[0][0], [k for _, k in readers]
+      if (len({id(n) for n, _ in readers}) != 1 or b.index == f.index
+          or (backward is not None and b is not backward) or not links(f, b, positions)):
         continue
       backward = b
-      links[j] = tuple(k for _, k in readers)
+      linked[j] = tuple(positions)
     if backward is not None:
-      found[f.index] = LoopState.of(f, backward, links)
+      found[f.index] = LoopState.of(f, backward, linked)
   return found
+
+
+def cond_pairs(program: Program) -> dict[int, LoopState]:
+  """Forward conds whose outputs a later cond on the same index reads (and nothing
+  else): that cond's branch k runs exactly when the forward's branch k ran, so it
+  can replay it. Keyed by the forward cond's node index."""
+  def residuals(f):
+    return range(0 if any(b.consts for b in f.params["branches"]) else len(f.outputs))
+  def links(f, b, positions):
+    return (b.name == "cond" and len(b.params["branches"]) == len(f.params["branches"])
+            and not any(br.consts for br in b.params["branches"])
+            and b.inputs[0] == f.inputs[0] and not isinstance(f.inputs[0], Const)
+            and all(k > 0 for k in positions))
+  return _find_pairs(program, "cond", residuals, links)
 
 
 def scan_pairs(program: Program) -> dict[int, LoopState]:
   """Forward scans whose stacked outputs only a backward scan of the same length reads,
   as scanned inputs; keyed by the forward scan's node index."""
-  if not any(n.name == "scan" for n in program.nodes):
-    return {}
-  uses = _uses(program)
-  outputs = {x for x in program.outputs if not isinstance(x, Const)}
-  pairs = {}
-  for f in program.nodes:
-    if f.name != "scan":
-      continue
-    links: dict[int, list[int]] = {}
-    backward = None
-    for j in range(f.params["num_carry"], len(f.outputs)):
-      v = f.outputs[j]
-      readers = uses.get(v, [])
-      if v in outputs or not readers:
-        continue
-      nodes = {id(n) for n, _ in readers}
-      b = readers[0][0]
-      if (len(nodes) != 1 or b.name != "scan" or b.index == f.index
-          or b.params["length"] != f.params["length"]
-          or (backward is not None and b is not backward)
-          or any(k < b.params["num_consts"] + b.params["num_carry"] for _, k in readers)):
-        continue
-      backward = b
-      links[j] = tuple(k for _, k in readers)
-    if backward is not None:
-      pairs[f.index] = LoopState.of(f, backward, links)
-  return pairs
+  def links(f, b, positions):
+    return (b.name == "scan" and b.params["length"] == f.params["length"]
+            and all(k >= b.params["num_consts"] + b.params["num_carry"] for k in positions))
+  return _find_pairs(program, "scan", lambda f: range(f.params["num_carry"], len(f.outputs)),
+                     links)
 
 
 # --- costs -------------------------------------------------------------------------------
