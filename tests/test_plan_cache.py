@@ -314,6 +314,26 @@ def test_a_scanned_llama_round_trips_with_its_loop_evictions(tmp_path):
     assert {k: s.evicted for k, s in rb.loops.items()} == {k: s.evicted for k, s in ra.loops.items()}
 
 
+def test_a_gated_step_round_trips_with_its_cond_evictions(tmp_path):
+  # Stochastic depth under lax.cond: rounds that rewrite forward/backward cond pairs.
+  def loss(ws, x, key):
+    for w, k in zip(ws, jax.random.split(key, len(ws))):
+      x = jax.lax.cond(jax.random.bernoulli(k, 0.7), lambda h, w=w: h + jnp.tanh(h @ w),
+                       lambda h: h, x)
+    return jnp.mean(x ** 2)
+  ws = [jnp.eye(8) / (2 + i) for i in range(2)]
+  run = lambda: analysis_lib.analyze_function(
+      jax.value_and_grad(loss), ws, jnp.ones((2, 4, 8)), jax.random.key(0),
+      polymorphic_shapes=(None, "b, s, _", None), constraints=("b <= 8", "s <= 64"),
+      plan_cache_dir=str(tmp_path))
+  cold, warm = run(), run()
+  assert cold.origin == "planned" and warm.origin != "planned"
+  assert any(isinstance(r, loop_remat.LoopEviction) for rnd in warm.rounds for r in rnd.regions)
+  _assert_same_plan(cold, warm, ({"b": 1, "s": 2}, {"b": 8, "s": 64}))
+  for ra, rb in zip(cold.rounds, warm.rounds):
+    assert {k: s.evicted for k, s in rb.loops.items()} == {k: s.evicted for k, s in ra.loops.items()}
+
+
 # --- progress ---------------------------------------------------------------------------------
 
 
