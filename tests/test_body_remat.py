@@ -1,6 +1,9 @@
 """Rematerialization inside a scan body that holds a whole forward and backward pass
 (gradient accumulation over microbatches): planned, rewritten, exact, replayable."""
 
+import functools
+import gc
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -62,9 +65,19 @@ def _batch(m, b, s, seed=1):
   return tokens, mask
 
 
-def _analyze(attention, **kwargs):
+@functools.lru_cache(maxsize=None)
+def _analyze(attention):
+  """The step's analysis, planned once for the module's tests (which only read it)."""
   return symmem.analyze(_step(attention), _params(), *_batch(2, 2, 8),
-                        polymorphic_shapes=SHAPES, constraints=CONSTRAINTS, **kwargs)
+                        polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_analyses():
+  # Nothing this module planned stays alive (or counts as live arrays) in later modules.
+  yield
+  _analyze.cache_clear()
+  gc.collect()
 
 
 def _body_evictions(analysis):

@@ -23,12 +23,16 @@ CFG_ONE_LAYER = llama.LlamaConfig(vocab=64, d_model=32, n_layers=1, n_heads=2, d
 CONFIGS = {"tiny": CFG, "one_layer": CFG_ONE_LAYER}
 # Three steps at two shapes: a second shape compiles, the repeat is a cache hit.
 BATCHES = ((2, 16), (3, 40), (2, 16))
+# The fast tier's one-layer linen run: three steps at one shape (a compile, two hits).
+# A second shape under the flag compiles in the tiny runs (slow tier); symmem.jit's
+# compile per shape is covered fast by test_jit's no-budget test.
+BATCH_SHAPES = {"tiny": BATCHES, "one_layer": ((2, 16),) * 3}
 SHAPES = (None, "b, s", "b, s")
 MAX_LEN, MAX_BATCH = 64, 4
 
 
-def _batches(cfg=CFG):
-  return [llama.example_batch(cfg, b, s, seed=k) for k, (b, s) in enumerate(BATCHES)]
+def _batches(cfg=CFG, shapes=BATCHES):
+  return [llama.example_batch(cfg, b, s, seed=k) for k, (b, s) in enumerate(shapes)]
 
 
 def _assert_tree_close(got, want):
@@ -40,9 +44,9 @@ def _assert_tree_close(got, want):
   chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def _run_linen(step, initial, cfg=CFG):
+def _run_linen(step, initial, cfg=CFG, shapes=BATCHES):
   state, losses = initial, []
-  for tokens, mask in _batches(cfg):
+  for tokens, mask in _batches(cfg, shapes):
     state, loss = step(state, tokens, mask)
     losses.append(float(loss))
   return state, losses
@@ -60,7 +64,8 @@ def linen_states():
     if name not in inits:
       inits[name] = llama.init_state(CONFIGS[name], seed=0)
     if reference and name not in refs:
-      refs[name] = _run_linen(llama.make_train_step(CONFIGS[name]), inits[name], CONFIGS[name])
+      refs[name] = _run_linen(llama.make_train_step(CONFIGS[name]), inits[name], CONFIGS[name],
+                              BATCH_SHAPES[name])
     return inits[name], refs.get(name)
   yield get
   inits.clear()
@@ -80,12 +85,13 @@ def test_linen_symmem_flag_matches_jax_jit(name, budget, linen_states):
   step = llama.make_train_step(cfg, use_symmem=True, memory_budget=budget, max_len=MAX_LEN,
                                max_batch=MAX_BATCH)
   assert isinstance(step, symmem.SymmemFunction)
-  state, losses = _run_linen(step, initial, cfg)
+  shapes = BATCH_SHAPES[name]
+  state, losses = _run_linen(step, initial, cfg, shapes)
   np.testing.assert_allclose(losses, want_losses, rtol=1e-5)
   _assert_tree_close(state, want_state)
   info = step.cache_info()
   assert info["fallback_calls"] == 0, "symmem.jit fell back to jax.jit"
-  assert info["compiles"] == 2 and info["hits"] == 1
+  assert info["compiles"] == len(set(shapes)) and info["hits"] == len(shapes) - info["compiles"]
   assert losses[2] < losses[0]   # the same batch shape again, after two AdamW steps
 
 
@@ -115,27 +121,37 @@ def test_nnx_symmem_flag_matches_jax_jit_one_layer():
   _check_nnx_flag_matches_jax_jit(cfg, [llama.example_batch(cfg, 2, 16, seed=k) for k in (0, 1)])
 
 
-@pytest.mark.parametrize("remat_policy", [
-    "layer", pytest.param(None, marks=pytest.mark.slow)])
-def test_nnx_scanned_layers_symmem_flag_matches_jax_jit(remat_policy):
+# Two steps at one shape (a compile, then a cache hit) in the fast tier; at two (b, s)
+# shapes in the slow one (each shape compiles jax.jit's and symmem.jit's scanned step:
+# ~6 s apiece on 2 CPU cores). A second shape's compile is covered fast by
+# test_linen_symmem_flag_matches_jax_jit[one_layer-...] and test_nnx_jit's in-place test.
+@pytest.mark.parametrize("remat_policy,shapes", [
+    ("layer", "one_shape"),
+    pytest.param("layer", "two_shapes", marks=pytest.mark.slow),
+    pytest.param(None, "two_shapes", marks=pytest.mark.slow)])
+def test_nnx_scanned_layers_symmem_flag_matches_jax_jit(remat_policy, shapes):
   # Layers created with nnx.vmap (stacked weights) and run with nnx.scan, each under
-  # nnx.remat: symmem.jit's losses and parameters are jax.jit's at two (b, s) shapes.
+  # nnx.remat: symmem.jit's losses and parameters are jax.jit's after each step.
   initial = llama_nnx.init_state(CFG, seed=0, scan_layers=True, remat_policy=remat_policy)
   kernel = initial[0].layers.attn.q.kernel
   assert kernel.shape == (CFG.n_layers, CFG.d_model, CFG.d_model)
+  batches = (_batches()[:2] if shapes == "two_shapes"
+             else [llama.example_batch(CFG, 2, 16, seed=k) for k in (0, 1)])
   results = []
   for use_symmem in (False, True):
     model, optimizer = nnx.clone(initial)
     step = llama_nnx.make_nnx_train_step(model, optimizer, use_symmem=use_symmem,
                                          max_len=MAX_LEN, max_batch=MAX_BATCH)
     losses = []
-    for tokens, mask in _batches()[:2]:
+    for tokens, mask in batches:
       losses.append(step(model, optimizer, tokens, mask))
       if use_symmem:
         assert "fallback" not in step.jitted.last_call, "symmem.jit fell back to jax.jit"
     results.append((losses, nnx.state((model, optimizer))))
   chex.assert_trees_all_close(results[1], results[0], rtol=1e-5, atol=1e-6)
-  assert step.jitted.cache_info()["compiles"] == 2
+  info = step.jitted.cache_info()
+  assert info["compiles"] == len({t.shape for t, _ in batches})
+  assert info["hits"] == len(batches) - info["compiles"]
   tokens, mask = _batches()[0]
   graphdef, params = nnx.split(model)
   forward = str(jax.make_jaxpr(lambda p, t: nnx.merge(graphdef, p)(t))(params, tokens))

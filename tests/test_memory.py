@@ -47,8 +47,12 @@ def _check_model_equals_executor(name, shapes):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * scale)
 
 
-# The transformer step op by op costs ~10 s per shape (each primitive compiles per
-# shape): all five shapes in the slow tier, one in the fast one.
+# The transformer step op by op costs ~10-15 s per shape (each primitive compiles per
+# shape): all five shapes and the one-shape run below in the slow tier. Its fast cover:
+# test_remat.test_every_round_computes_the_same_outputs_op_by_op_and_matches_the_model
+# runs a transformer step op by op (round 0 is the step in its scheduled order, then
+# two remat rounds) and checks the model's live bytes at every step and the outputs
+# against jax.jit; the other programs here cover trace order and the arguments fast.
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow)
                                   if n == "transformer_step" else n for n in CASE_IDS])
 def test_model_equals_reference_executor_at_every_step(name):
@@ -56,6 +60,7 @@ def test_model_equals_reference_executor_at_every_step(name):
   _check_model_equals_executor(name, case.shapes)
 
 
+@pytest.mark.slow
 def test_model_equals_reference_executor_on_the_transformer_step_at_one_shape():
   case = next(c for c in CASES if c.name == "transformer_step")
   _check_model_equals_executor("transformer_step", (case.shapes[3],))   # b=8, s=9

@@ -54,10 +54,11 @@ def _raw(x):
 
 
 def _batch(b, s, seed):
-  k1, k2 = jax.random.split(jax.random.PRNGKey(seed))
-  tokens = jax.random.randint(k1, (b, s), 0, 64, jnp.int32)
-  lengths = jax.random.randint(k2, (b,), s // 2, s + 1)
-  return tokens, (jnp.arange(s)[None] < lengths[:, None]).astype(jnp.float32)
+  # NumPy's generator: jax.random.randint compiles once per shape (~0.5 s each here).
+  rng = np.random.RandomState(seed)
+  tokens = jnp.asarray(rng.randint(0, 64, (b, s)), jnp.int32)
+  lengths = rng.randint(s // 2, s + 1, b)
+  return tokens, jnp.asarray(np.arange(s)[None] < lengths[:, None], jnp.float32)
 
 
 def test_updates_the_objects_in_place_as_nnx_jit_does():

@@ -15,6 +15,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import schedule
 from jax_symmem._src.decider import DecisionCounts
 from tests.programs import CASES
+from tests.test_properties import _own_database_key
 
 
 def _random_program(draw_ops, width):
@@ -45,9 +46,7 @@ OPS = st.lists(st.tuples(st.sampled_from(["add", "mul", "dot", "outer", "reduce"
                          st.integers(0, 20), st.integers(0, 20)), min_size=1, max_size=14)
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
-@hypothesis.given(ops=OPS, b=st.integers(1, 9))
-def test_random_programs_schedule_validly_and_match_the_model(ops, b):
+def _check_random_program(ops, b):
   width = 4
   f = jax.grad(_random_program(ops, width))
   traced = symmem.trace(f, jax.ShapeDtypeStruct((2, width), jnp.float32), polymorphic_shapes="b, _",
@@ -63,6 +62,22 @@ def test_random_programs_schedule_validly_and_match_the_model(ops, b):
   np.testing.assert_allclose(run.outputs, jax.jit(f)(x), rtol=1e-4, atol=1e-4)
   prof = memory.profile(graph, order=sched.order)
   assert prof.peak_bytes(include_transients=False, b=b) == run.peak
+
+
+# A few random programs in the fast tier (each traces, schedules twice, runs op by op
+# and compiles under jax.jit: ~0.5 s), more in the slow one, as in test_properties.
+def _random_programs_property(max_examples):
+  @hypothesis.settings(max_examples=max_examples, deadline=None)
+  @hypothesis.given(ops=OPS, b=st.integers(1, 9))
+  def test(ops, b):
+    _check_random_program(ops, b)
+  _own_database_key(test, max_examples)
+  return test
+
+
+test_random_programs_schedule_validly_and_match_the_model = _random_programs_property(8)
+test_random_programs_schedule_validly_and_match_the_model_many = pytest.mark.slow(
+    _random_programs_property(60))
 
 
 @hypothesis.settings(max_examples=40, deadline=None)
@@ -96,8 +111,11 @@ def _order(name):
 @functools.lru_cache(maxsize=None)
 def _traced(name):
   case = next(c for c in CASES if c.name == name)
-  traced = symmem.trace(case.fun, *case.make_args(**case.shapes[-1]),
-                        polymorphic_shapes=case.polymorphic_shapes, constraints=case.constraints)
+  # Shapes and dtypes only: these tests never run the programs, and the transformer's
+  # concrete parameters took ~4 s of random-number compiles.
+  args = jax.eval_shape(lambda: case.make_args(**case.shapes[-1]))
+  traced = symmem.trace(case.fun, *args, polymorphic_shapes=case.polymorphic_shapes,
+                        constraints=case.constraints)
   return traced, symmem.shape_graph(traced)
 
 

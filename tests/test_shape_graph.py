@@ -21,14 +21,14 @@ SHAPES = [(b, s) for b, s in itertools.product((2, 3, 5, 16), (4, 7, 12, 31, 64,
 
 @pytest.fixture(scope="module")
 def symbolic_step():
-  args = transformer.example_args(CFG, 2, 8)
+  args = jax.eval_shape(lambda: transformer.example_args(CFG, 2, 8))   # traced, never run
   traced = symmem.trace(transformer.make_train_step(CFG), *args,
                         polymorphic_shapes=(None, "b, s", "b, s"), constraints=CONSTRAINTS)
   return traced, symmem.shape_graph(traced)
 
 
 def _concrete_program(b, s):
-  params = transformer.init_params(jax.random.PRNGKey(0), CFG)
+  params = jax.eval_shape(lambda: transformer.init_params(jax.random.PRNGKey(0), CFG))
   tokens = jax.ShapeDtypeStruct((b, s), jnp.int32)
   mask = jax.ShapeDtypeStruct((b, s), jnp.float32)
   return tracing.flatten(jax.make_jaxpr(transformer.make_train_step(CFG))(params, tokens, mask))
