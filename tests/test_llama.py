@@ -226,7 +226,7 @@ def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_opt
 def test_symmem_trace_of_the_flax_steps(module, remat_policy):
   cfg = module.PRESETS["tiny"]
   state = jax.eval_shape(lambda: module.init_state(cfg, seed=0))
-  tokens, mask = module.example_batch(cfg, 2, 8)
+  tokens, mask = jax.eval_shape(lambda: module.example_batch(cfg, 2, 8))   # traced, never run
   step = module.make_train_step(cfg, remat_policy=remat_policy)
   traced = symmem.trace(step, state, tokens, mask, polymorphic_shapes=SHAPES,
                         constraints=llama.step_constraints(cfg.max_len, MAX_BATCH))
