@@ -1,6 +1,8 @@
 """Steps that already hold jax.checkpoint / nn.remat regions: undone per shape where memory allows."""
 
 import dataclasses
+import functools
+import gc
 
 import chex
 import jax
@@ -40,17 +42,29 @@ def test_tracing_saving_everything_drops_the_recomputation():
   chex.assert_trees_all_close(grad, jax.jit(fun)(w, x), rtol=1e-6)
 
 
+@functools.lru_cache(maxsize=None)
+def _tiny_llama_analysis(remat_policy, scan):
+  """The tiny Llama step planned from its arguments' shapes (analysed, never run); the
+  module's tests share each and only read it."""
+  cfg = llama.PRESETS["tiny"]
+  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
+  batch = jax.eval_shape(lambda: llama.example_batch(cfg, 2, 16))
+  return symmem.analyze(llama.train_step_fn(llama.Llama(cfg, remat_policy, scan)), state,
+                        *batch, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _release_analyses():
+  yield
+  _tiny_llama_analysis.cache_clear()
+  gc.collect()
+
+
 # Scanned in the fast tier; unrolled (the same rounds, twice the tracing) slow.
 @pytest.mark.parametrize("scan", [pytest.param(False, marks=pytest.mark.slow), True])
 def test_rounds_start_without_the_annotation_and_end_as_written(scan):
-  cfg = llama.PRESETS["tiny"]
-  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))   # analysed, never run
-  fn = llama.train_step_fn(llama.Llama(cfg, "layer", scan))
-  analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
-                            polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
-  plain = symmem.analyze(llama.train_step_fn(llama.Llama(cfg, None, scan)), state,
-                         *llama.example_batch(cfg, 2, 16), polymorphic_shapes=SHAPES,
-                         constraints=CONSTRAINTS)
+  analysis = _tiny_llama_analysis("layer", scan)
+  plain = _tiny_llama_analysis(None, scan)
   dims = {"b": 2, "s": 128}
   assert analysis.rounds[-1].as_written and not any(r.as_written for r in analysis.rounds[:-1])
   # Round 0 is the step without the user's recomputation: as the unannotated model
@@ -93,10 +107,7 @@ def test_checkpoint_barriers_keep_the_step_as_written_off_the_memory_optimized_s
   from jax_symmem._src import variants
   cfg = llama.PRESETS["tiny"]
   for scan in (False, True):
-    state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
-    fn = llama.train_step_fn(llama.Llama(cfg, "layer", scan))
-    analysis = symmem.analyze(fn, state, *llama.example_batch(cfg, 2, 16),
-                              polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+    analysis = _tiny_llama_analysis("layer", scan)
     k = len(analysis.rounds) - 1
     program = analysis.rounds[k].program
     assert analysis.rounds[k].as_written

@@ -265,18 +265,26 @@ def test_fractional_budget_needs_a_device_limit():
   assert jit_lib.resolve_budget(123) == 123
 
 
-def test_guarded_rewrite_runs_under_plain_jit():
-  step = _budgeted_step(None)
-  args = transformer.example_args(CFG, 2, 17)
-  a = step.analyze(*transformer.example_args(CFG, 2, 8))
-  dims = {"b": 2, "s": 17}
+# Fast on the six-layer MLP (its last round's regions behind five conditionals; ~1 s
+# compiles); the transformer's last round guards many more (two ~5 s compiles): slow.
+@pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
+def test_guarded_rewrite_runs_under_plain_jit(name):
+  if name == "mlp":
+    probe = symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
+    a = probe.analyze(*_mlp_args(8))
+    args, dims = _mlp_args(100), {"b": 100}
+    want = jax.jit(_mlp_step)(*args)
+  else:
+    a = _budgeted_step(None).analyze(*transformer.example_args(CFG, 2, 8))
+    args, dims = transformer.example_args(CFG, 2, 17), {"b": 2, "s": 17}
+    want = _jax_jit_outputs(2, 17)
   flat = jax.tree_util.tree_leaves(args)
   for budget in (None, a.rounds[-1].peak_at(dims)):
     fn = jax.jit(a.guarded_function(dims, budget=budget))
     text = fn.lower(*flat).as_text()
     assert "cond" in text or "case" in text
-    _assert_tree_close(jax.tree_util.tree_unflatten(a.traced.out_tree, fn(*flat)),
-                       _jax_jit_outputs(2, 17), rtol=1e-5)
+    _assert_tree_close(jax.tree_util.tree_unflatten(a.traced.out_tree, fn(*flat)), want,
+                       rtol=1e-5)
 
 
 def test_threads_share_one_compile_per_variant():

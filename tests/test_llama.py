@@ -115,6 +115,11 @@ def _check_nnx_flag_matches_jax_jit(cfg, batches):
   assert int(optimizer.step[...]) == len(batches)   # the state was written back each call
 
 
+# Slow: its behaviour is covered fast by test_nnx_scanned_layers_symmem_flag_matches_jax_jit
+# [layer-one_shape] (the NNX flag: jax.jit's losses and the whole model and optimizer
+# state written back, two steps at one shape) and test_linen_symmem_flag_matches_jax_jit
+# [one_layer-...] (a memory budget through the flag); ~13 s of compiles and init.
+@pytest.mark.slow
 def test_nnx_symmem_flag_matches_jax_jit_one_layer():
   # The NNX path on a one-layer model, two steps at one shape (a compile, then a hit).
   cfg = CFG_ONE_LAYER
@@ -221,7 +226,7 @@ def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_opt
 def test_symmem_trace_of_the_flax_steps(module, remat_policy):
   cfg = module.PRESETS["tiny"]
   state = jax.eval_shape(lambda: module.init_state(cfg, seed=0))
-  tokens, mask = module.example_batch(cfg, 2, 8)
+  tokens, mask = jax.eval_shape(lambda: module.example_batch(cfg, 2, 8))   # traced, never run
   step = module.make_train_step(cfg, remat_policy=remat_policy)
   traced = symmem.trace(step, state, tokens, mask, polymorphic_shapes=SHAPES,
                         constraints=llama.step_constraints(cfg.max_len, MAX_BATCH))

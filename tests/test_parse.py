@@ -19,6 +19,7 @@ from jax_symmem._src import jax_dims
 from jax_symmem._src import parse as parse_lib
 from jax_symmem._src.parse import parse_operation, parse_polynomial
 from jax_symmem._src.poly import Poly
+from tests.tiers import own_database_key
 
 _SETTINGS = hypothesis.settings(max_examples=300, deadline=None, derandomize=True,
                                 suppress_health_check=[hypothesis.HealthCheck.too_slow])
@@ -135,10 +136,18 @@ def polynomials_with_calls(draw):
   return lead + terms[0] + "".join(s + t for s, t in zip(signs[1:], terms[1:]))
 
 
-@hypothesis.settings(_SETTINGS, max_examples=150)
-@hypothesis.given(polynomials_with_calls())
-def test_polynomials_over_operation_calls_match_jax(text):
-  assert_same_as_jax(text)
+def _calls_property(max_examples):
+  @hypothesis.settings(_SETTINGS, max_examples=max_examples)
+  @hypothesis.given(polynomials_with_calls())
+  def test(text):
+    assert_same_as_jax(text)
+  own_database_key(test, max_examples)
+  return test
+
+
+# Each string is also parsed by jax.export (~25 ms): 40 in the fast tier, 150 in the slow.
+test_polynomials_over_operation_calls_match_jax = _calls_property(40)
+test_polynomials_over_operation_calls_match_jax_many = pytest.mark.slow(_calls_property(150))
 
 
 @pytest.mark.parametrize("text", [
@@ -281,12 +290,21 @@ def test_string_compare_skips_jax_for_plain_polynomials(monkeypatch):
   compare_lib.clear_caches()
 
 
-@hypothesis.settings(_SETTINGS, max_examples=2000)
-@hypothesis.given(st.one_of(st.text(alphabet="bs0127_ +-*^", max_size=16),
-                            st.lists(st.sampled_from(["b", "s", "k2", "0", "07", "12", " ", "+", "-",
-                                                      "*", "^", "^2", " ^ 3", "x_"]),
-                                     max_size=10).map("".join)))
-def test_possessive_plain_regex_accepts_what_backtracking_does(text):
-  # The fast path's check uses possessive quantifiers (Python 3.11): the same language.
-  backtracking = re.compile(parse_lib._PLAIN.pattern.replace("*+", "*").replace("?+", "?"))
-  assert bool(parse_lib._PLAIN.fullmatch(text)) == bool(backtracking.fullmatch(text))
+def _possessive_property(max_examples):
+  @hypothesis.settings(_SETTINGS, max_examples=max_examples)
+  @hypothesis.given(st.one_of(st.text(alphabet="bs0127_ +-*^", max_size=16),
+                              st.lists(st.sampled_from(["b", "s", "k2", "0", "07", "12", " ", "+",
+                                                        "-", "*", "^", "^2", " ^ 3", "x_"]),
+                                       max_size=10).map("".join)))
+  def test(text):
+    # The fast path's check uses possessive quantifiers (Python 3.11): the same language.
+    backtracking = re.compile(parse_lib._PLAIN.pattern.replace("*+", "*").replace("?+", "?"))
+    assert bool(parse_lib._PLAIN.fullmatch(text)) == bool(backtracking.fullmatch(text))
+  own_database_key(test, max_examples)
+  return test
+
+
+# 400 derandomized strings in the fast tier, 2000 in the slow one (~2 ms each).
+test_possessive_plain_regex_accepts_what_backtracking_does = _possessive_property(400)
+test_possessive_plain_regex_accepts_what_backtracking_does_many = pytest.mark.slow(
+    _possessive_property(2000))

@@ -25,6 +25,7 @@ from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import memory
 from jax_symmem._src import schedule
 from jax_symmem._src import tracing
+from tests.tiers import own_database_key
 
 D = 8
 SPECS = ("b, s, _", None, None)
@@ -136,13 +137,6 @@ def _check_jit_matches_jax_jit(ops, shapes, budgeted):
 
 
 
-def _own_database_key(test, max_examples):
-  # Hypothesis keys its example database on the test's source (plus this attribute):
-  # without it the fast and slow runs of a property replay each other's failures.
-  inner = test.hypothesis.inner_test
-  inner._hypothesis_internal_add_digest = f"max_examples={max_examples}".encode()
-
-
 # Each property runs a few random programs in the fast tier and more in the slow one.
 def _jit_property(max_examples, examples=()):
   @hypothesis.settings(max_examples=max_examples, deadline=None)
@@ -152,7 +146,7 @@ def _jit_property(max_examples, examples=()):
                       shapes=[{"b": 3, "s": 17}], budgeted=True)   # always one run with rounds
   def test(ops, shapes, budgeted):
     _check_jit_matches_jax_jit(ops, shapes, budgeted)
-  _own_database_key(test, max_examples)
+  own_database_key(test, max_examples)
   for example in examples:
     test = hypothesis.example(**example)(test)
   return test
@@ -217,7 +211,7 @@ def _orders_property(max_examples):
   @hypothesis.given(ops=PROGRAMS, dims=SHAPES, fraction=st.floats(0, 1))
   def test(ops, dims, fraction):
     _check_orders_model_and_budgets(ops, dims, fraction)
-  _own_database_key(test, max_examples)
+  own_database_key(test, max_examples)
   return test
 
 

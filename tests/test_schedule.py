@@ -15,7 +15,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import schedule
 from jax_symmem._src.decider import DecisionCounts
 from tests.programs import CASES
-from tests.test_properties import _own_database_key
+from tests.tiers import own_database_key
 
 
 def _random_program(draw_ops, width):
@@ -71,7 +71,7 @@ def _random_programs_property(max_examples):
   @hypothesis.given(ops=OPS, b=st.integers(1, 9))
   def test(ops, b):
     _check_random_program(ops, b)
-  _own_database_key(test, max_examples)
+  own_database_key(test, max_examples)
   return test
 
 

@@ -55,8 +55,9 @@ def test_recomputed_values_keep_their_split_in_later_rounds():
   import dataclasses
   from jax_symmem.examples import llama
   cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=1)
-  state = llama.init_state(cfg)
-  tokens, mask = llama.example_batch(cfg, 16, 48)
+  # Shapes only: the step is traced and planned, never run.
+  state = jax.eval_shape(lambda: llama.init_state(cfg))
+  tokens, mask = jax.eval_shape(lambda: llama.example_batch(cfg, 16, 48))
   traced = symmem.trace(llama.train_step_fn(llama.Llama(cfg)), state, tokens, mask,
                         polymorphic_shapes=(None, "b, s", "b, s"),
                         constraints=("s >= 2", "s <= 64", "b <= 16"))

@@ -67,7 +67,7 @@ def test_relative_position_buckets():
 
 def test_symmem_trace_has_two_lengths():
   state = jax.eval_shape(lambda: t5.init_state(CFG, seed=0))
-  batch = t5.example_batch(CFG, 2, 12, 8)
+  batch = jax.eval_shape(lambda: t5.example_batch(CFG, 2, 12, 8))   # traced, never run
   traced = symmem.trace(t5.make_train_step(CFG, remat_policy="layer"), state, *batch,
                         polymorphic_shapes=t5.POLYMORPHIC_SHAPES,
                         constraints=t5.step_constraints(64, 64, MAX_BATCH))
