@@ -326,3 +326,20 @@ def test_the_last_gated_round_reaches_per_layer_checkpointing_in_xla_and_runs_un
   out = step(*args)
   assert step.last_call["round"] > 0 and step.last_call["xla_bytes"] <= budget
   chex.assert_trees_all_close(out, jax.jit(_gated_loss(n))(*args), rtol=2e-5, atol=1e-6)
+
+
+def test_model_of_gated_rounds_equals_running_the_branches_op_by_op():
+  # Every branch of each cond runs op by op (XLA reserves the largest branch's
+  # temporaries whichever runs); the model counts the same bytes at every step.
+  analysis = _gated_analysis(2)
+  dims = {"b": 3, "s": 40}
+  env = analysis.graph.constraints.complete(dims)
+  flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(_gated_args(2, 3, 40, seed=1))]
+  assert len(analysis.rounds) > 1
+  for k, r in enumerate(analysis.rounds):
+    order = analysis.round_order(k, dims)
+    program = tracing.specialize_program(r.program, env)
+    _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
+    modeled = memory.profile(r.graph, r.program, order)
+    assert modeled.live_bytes(**dims) == live, k
+    assert modeled.live_bytes(include_transients=False, **dims) != live, k   # branches counted

@@ -86,10 +86,12 @@ def test_control_flow_bodies_add_their_working_set(name):
   assert prof.peak_bytes(**dims) >= prof.peak_bytes(include_transients=False, **dims)
 
 
-def test_scan_model_equals_running_its_body_op_by_op():
-  # The scan's outputs when it starts, one iteration's working set at a time: the
-  # executor runs every iteration's body op by op and tracks the same bytes.
-  case, traced, graph = _analysis("scan")
+@pytest.mark.parametrize("name", ["scan", "cond"])
+def test_control_flow_model_equals_running_its_bodies_op_by_op(name):
+  # A scan: its outputs when it starts, one iteration's working set at a time; a
+  # cond: the largest branch's working set, whichever runs. The executor runs every
+  # iteration's body (every branch) op by op and tracks the same bytes.
+  case, traced, graph = _analysis(name)
   prof = memory.profile(graph)
   for dims in case.shapes[::2]:
     run = executor.execute(traced, case.make_args(**dims), loops_op_by_op=True)

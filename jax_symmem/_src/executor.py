@@ -11,6 +11,11 @@ about real memory. Control-flow nodes run whole, as one dispatch, unless
 outputs (final carries, stacked results) are allocated when it starts, each
 iteration's body runs op by op on the slices it receives, and the scan's live
 bytes are the top level's plus the largest body working set above its inputs.
+A cond runs every branch op by op on its operands and returns the taken one's
+results: XLA plans a cond's temporaries statically, as the largest branch's
+(DESIGN.md F5), so its live bytes are the top level's plus the largest branch
+working set above the operands, whichever branch runs. (Branches must be pure
+for that; AD's and users' conds are.)
 """
 
 from __future__ import annotations
@@ -79,6 +84,23 @@ def _run_scan(node, args, loops_op_by_op):
   return carry + (ys or []), working
 
 
+def _run_cond(node, args, loops_op_by_op):
+  """(the taken branch's outputs, the largest branch's bytes above the operands)."""
+  index, operands = int(args[0]), args[1:]
+  taken, working = None, 0
+  for k, branch in enumerate(node.subprograms):
+    outs, live, arg_bytes = run_tracked(branch, operands, loops_op_by_op=loops_op_by_op)
+    working = max([working] + [b - arg_bytes for b in live])
+    if k == min(max(index, 0), len(node.subprograms) - 1):   # lax.cond clamps the index
+      taken = outs
+  # A branch that returns an operand unchanged still gives the cond a buffer of its
+  # own, as one dispatch of the cond does (a jitted call never aliases its inputs).
+  operand_buffers = {_buffer_key(x) for x in operands}
+  taken = [jax.numpy.array(x, copy=True) if _buffer_key(x) in operand_buffers else x
+           for x in taken]
+  return taken, working
+
+
 def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None,
                 donated: Iterable[int] = (), loops_op_by_op: bool = False):
   """(outputs, live bytes during each step, argument bytes) of an op-by-op run."""
@@ -121,6 +143,8 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
       results = [read(x) for x in node.inputs]
     elif loops_op_by_op and node.name == "scan":
       results, working = _run_scan(node, [read(x) for x in node.inputs], loops_op_by_op)
+    elif loops_op_by_op and node.name == "cond":
+      results, working = _run_cond(node, [read(x) for x in node.inputs], loops_op_by_op)
     else:
       results = interpret.bind(node, [read(x) for x in node.inputs])
     for o, r in zip(node.outputs, results):
