@@ -102,6 +102,22 @@ def _gpt2() -> Workload:
       (128, 256, 512))
 
 
+def _gpt2_layerdrop() -> Workload:
+  # LayerDrop (p = 0.2): each GPT-2 layer runs under nn.cond on its own draw, so AD makes
+  # a forward/backward cond pair per layer; per-layer checkpointing is nn.remat on each
+  # layer inside its cond. The key is part of the batch (one per length): every variant
+  # skips the same layers.
+  from jax_symmem.examples import gpt2, llama
+  cfg = gpt2.GPT2Config(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512)
+  return Workload(
+      "gpt2_layerdrop",
+      lambda policy: gpt2.layer_drop_train_step_fn(gpt2.GPT2(cfg, policy, layer_drop=0.2)),
+      lambda: gpt2.init_state(cfg),
+      lambda s: (*gpt2.example_batch(cfg, 4, s), jax.random.key(s)),
+      lambda s: {"b": 4, "s": s}, (None, "b, s", "b, s", None), llama.step_constraints(512, 4),
+      (128, 256, 512))
+
+
 def _nnx_scan() -> Workload:
   from flax import nnx
   from jax_symmem.examples import llama, llama_nnx
@@ -128,7 +144,7 @@ def _t5() -> Workload:
 WORKLOADS = {
     "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
     "llama_scan_remat": lambda: _llama(True, annotated=True), "nnx_scan": _nnx_scan,
-    "gpt2": _gpt2, "t5": _t5, "llama_accum": _llama_accum,
+    "gpt2": _gpt2, "gpt2_layerdrop": _gpt2_layerdrop, "t5": _t5, "llama_accum": _llama_accum,
     "llama_scan_accum": lambda: _llama_accum(scan=True),
 }
 

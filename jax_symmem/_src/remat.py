@@ -665,14 +665,20 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   """Repeatedly evicts the best-ranked regions across the current peak, as the paper does.
 
   Each round plans on the program as rewritten so far (so the peak it attacks is
-  the real one after earlier evictions) and adds up to `per_round` compatible
-  regions. Stops when no region is left or the peak at the shape of interest
-  has not improved for `patience` rounds. Round k is a complete program: at run
-  time, the smallest k that fits the budget is dispatched.
+  the real one after earlier evictions) and adds the best-ranked compatible
+  regions: `per_round` of them, and more while together they save less than
+  1/`max_rounds` of the current peak at the shape of interest. Rounds are spaced
+  by memory, not by count: a layer under `lax.cond` outputs twenty-odd residuals,
+  many of them weight-sized, and four at a time left a 4-layer GPT-2 with
+  LayerDrop far from per-layer checkpointing after `max_rounds` rounds. Stops
+  when no region is left or the peak at the shape of interest has not improved
+  for `patience` rounds. Round k is a complete program: at run time, the
+  smallest k that fits the budget is dispatched.
   """
   tight = dict(shape_of_interest or graph.max_dims())
+  env = graph.constraints.complete(tight)
   rounds = [first_round(graph, order)]
-  node_flops = NodeFlops(graph.constraints.complete(tight))
+  node_flops = NodeFlops(env)
   counts = DecisionCounts()
   best, stale = rounds[0].peak_at(tight), 0
   for k in range(max_rounds):
@@ -682,10 +688,12 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
              loops=last.loops, node_flops=node_flops)
     counts += p.counts
     chosen: list[Region] = []
+    saved, step = 0, best // max_rounds
     for r in p.regions:
       if compatible(chosen, r):
         chosen.append(r)
-      if len(chosen) == per_round:
+        saved += r.saved.evaluate(env)
+      if len(chosen) >= per_round and saved >= step:
         break
     if not chosen:
       break

@@ -8,13 +8,22 @@ symbolic (b, s) covers every batch with s <= max_len.
     state = init_state(cfg, seed=0)
     step = make_train_step(cfg, use_symmem=True)     # or use_symmem=False
     state, loss = step(state, tokens, mask)
+
+`GPT2(cfg, layer_drop=p)` trains with LayerDrop (Fan et al., 2019): each layer is
+skipped with probability p, drawn per layer from the "layerdrop" RNG stream under
+`nn.cond`, so a skipped layer costs nothing; `layer_drop_train_step_fn` is its
+`(state, tokens, mask, key)` step. Under AD each layer becomes a forward/backward
+`lax.cond` pair, as stochastic depth does in vision models.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from typing import Callable
+
 import flax.linen as nn
+import jax
 import jax.numpy as jnp
 
 from jax_symmem.examples import llama
@@ -58,6 +67,7 @@ class Block(nn.Module):
 class GPT2(nn.Module):
   cfg: GPT2Config
   remat_policy: str | None = None
+  layer_drop: float = 0.0      # LayerDrop's skip probability per layer (0: every layer runs)
 
   @nn.compact
   def __call__(self, tokens):
@@ -70,7 +80,12 @@ class GPT2(nn.Module):
     x = embed(tokens) + positions(jnp.arange(tokens.shape[1]))[None]
     block = llama.remat_block(Block, self.remat_policy)
     for i in range(cfg.n_layers):
-      x = block(cfg, name=f"h_{i}")(x)
+      layer = block(cfg, name=f"h_{i}")
+      if self.layer_drop and not self.is_initializing():
+        keep = jax.random.bernoulli(self.make_rng("layerdrop"), 1.0 - self.layer_drop)
+        x = nn.cond(keep, lambda mdl, x: mdl(x), lambda mdl, x: x, layer, x)
+      else:
+        x = layer(x)
     return embed.attend(nn.LayerNorm(cfg.norm_eps, **dt, name="ln_f")(x))
 
 
@@ -92,6 +107,15 @@ def make_train_step(cfg: GPT2Config, *, learning_rate: float = 1e-3,
   step = llama.train_step_fn(GPT2(cfg, remat_policy), learning_rate=learning_rate)
   return llama.jit_step(step, use_symmem=use_symmem, memory_budget=memory_budget,
                         max_len=max_len, max_batch=max_batch)
+
+
+def layer_drop_train_step_fn(model: GPT2, *, learning_rate: float = 1e-3) -> Callable:
+  """The pure `(state, tokens, mask, key) -> (state, loss)` AdamW step of a LayerDrop
+  model: `key` seeds the layers' skip draws (a new key per step)."""
+  def loss_fn(params, tokens, mask, key):
+    logits = model.apply({"params": params}, tokens, rngs={"layerdrop": key})
+    return llama.next_token_loss(logits, tokens, mask)
+  return llama.adamw_train_step(loss_fn, learning_rate=learning_rate)
 
 
 def example_batch(cfg: GPT2Config, batch: int, seq: int, seed: int = 0):
