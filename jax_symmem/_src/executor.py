@@ -14,8 +14,9 @@ bytes are the top level's plus the largest body working set above its inputs.
 A cond runs every branch op by op on its operands and returns the taken one's
 results: XLA plans a cond's temporaries statically, as the largest branch's
 (DESIGN.md F5), so its live bytes are the top level's plus the largest branch
-working set above the operands, whichever branch runs. (Branches must be pure
-for that; AD's and users' conds are.)
+working set above the operands, whichever branch runs; a branch's results are
+made in the cond's output buffers (XLA colocates them), so they count once, as
+the cond's outputs. (Branches must be pure for that; AD's and users' conds are.)
 """
 
 from __future__ import annotations
@@ -89,7 +90,9 @@ def _run_cond(node, args, loops_op_by_op):
   index, operands = int(args[0]), args[1:]
   taken, working = None, 0
   for k, branch in enumerate(node.subprograms):
-    outs, live, arg_bytes = run_tracked(branch, operands, loops_op_by_op=loops_op_by_op)
+    results = frozenset(x for x in branch.outputs if not isinstance(x, Const))
+    outs, live, arg_bytes = run_tracked(branch, operands, loops_op_by_op=loops_op_by_op,
+                                        preallocated=results)
     working = max([working] + [b - arg_bytes for b in live])
     if k == min(max(index, 0), len(node.subprograms) - 1):   # lax.cond clamps the index
       taken = outs
@@ -102,8 +105,13 @@ def _run_cond(node, args, loops_op_by_op):
 
 
 def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int] | None = None,
-                donated: Iterable[int] = (), loops_op_by_op: bool = False):
-  """(outputs, live bytes during each step, argument bytes) of an op-by-op run."""
+                donated: Iterable[int] = (), loops_op_by_op: bool = False,
+                preallocated: frozenset = frozenset()):
+  """(outputs, live bytes during each step, argument bytes) of an op-by-op run.
+
+  A buffer a node makes for a value in `preallocated` is not counted: the caller
+  already counts it (a cond's output buffers, which its branches' results fill).
+  """
   order = tuple(range(len(program.nodes))) if order is None else tuple(order)
   donated = frozenset(donated)
   last_use: dict[int, int] = {}
@@ -114,6 +122,7 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
   held = {v for k, v in enumerate(program.inputs) if k not in donated}
 
   refs: dict[tuple, int] = {}      # buffer -> number of live values on it
+  uncounted: set[tuple] = set()    # buffers of preallocated values
   arrays: dict[tuple, Any] = {}    # buffer -> the first array seen on it
   def hold(x):
     key = _buffer_key(x)
@@ -125,9 +134,10 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
     refs[key] -= 1
     if refs[key] == 0:
       del refs[key], arrays[key]
+      uncounted.discard(key)   # a later array may reuse the address
       return True
     return False
-  tracked = lambda: sum(_nbytes(a) for a in arrays.values())
+  tracked = lambda: sum(_nbytes(a) for k, a in arrays.items() if k not in uncounted)
 
   env: dict[int, Any] = dict(zip(program.inputs, flat_args))
   for v in program.inputs:
@@ -149,6 +159,8 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
       results = interpret.bind(node, [read(x) for x in node.inputs])
     for o, r in zip(node.outputs, results):
       env[o] = r
+      if o in preallocated and _buffer_key(r) not in refs:   # made here, not passed through
+        uncounted.add(_buffer_key(r))
       hold(r)
     live.append(tracked() + working)
     dying = {x for x in node.operands if last_use[x] == pos}

@@ -431,7 +431,9 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
 
   One iteration's temporaries at a time: XLA runs a loop body in place, so the
   working set is the body's own peak above what the body receives, whichever
-  body (scan/while body, while condition, cond branch) is largest.
+  body (scan/while body, while condition, cond branch) is largest. A cond
+  branch computes its results into the cond's output buffers (XLA colocates
+  them), which the cond's step already allocates: they count once, there.
   """
   if not node.subprograms:
     return ()
@@ -440,10 +442,25 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
     pieces = []
     for body in node.subprograms:
       prof = profile(graph, body)
-      steps = [p for s in prof.steps for p in s.live_during_pieces()] or [prof.arguments]
-      pieces += [p - prof.arguments for p in steps]
+      results = _results_made_so_far(graph, body) if node.name == "cond" else None
+      steps = [p - (results[k] if results else ZERO)
+               for k, s in enumerate(prof.steps) for p in s.live_during_pieces()]
+      pieces += [p - prof.arguments for p in steps or [prof.arguments]]
     cache[node] = tuple(p for _, p in _prune(graph, list(enumerate(pieces))))
   return cache[node]
+
+
+def _results_made_so_far(graph: ShapeGraph, body: Program) -> list[Poly]:
+  """Per step of `body` in trace order: the bytes of its results made up to there
+  (results that own a buffer; an operand passed through is the caller's)."""
+  buffer = buffers(body)
+  results = {x for x in body.outputs if not isinstance(x, Const) and buffer[x] == x}
+  results -= set(body.inputs)
+  made, total = [], ZERO
+  for node in body.nodes:
+    total = total + sum((graph.bytes(o) for o in node.outputs if o in results), ZERO)
+    made.append(total)
+  return made
 
 
 def transient(graph: ShapeGraph, node: Node) -> Poly:
