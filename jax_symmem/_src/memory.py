@@ -258,8 +258,7 @@ class _IntTables:
     # kept (the graph reaches the traced call and its arrays), so the cache below never
     # keeps a traced call alive.
     value_bytes = graph.bytes_at(env, program.value_ids())
-    node_trans = {n.index: max(t.evaluate(env) for t in transients(graph, n))
-                  for n in layout.control_flow if transients(graph, n)}
+    node_trans = {n.index: transient_at(graph, n, env) for n in layout.control_flow}
     self.program, self.donated, self.layout = program, donated, layout
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
@@ -442,23 +441,43 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
     pieces = []
     for body in node.subprograms:
       prof = profile(graph, body)
-      results = _results_made_so_far(graph, body) if node.name == "cond" else None
-      steps = [p - (results[k] if results else ZERO)
-               for k, s in enumerate(prof.steps) for p in s.live_during_pieces()]
+      made = _made_so_far(graph.bytes, ZERO, node, body)
+      steps = [p - made[k] for k, s in enumerate(prof.steps) for p in s.live_during_pieces()]
       pieces += [p - prof.arguments for p in steps or [prof.arguments]]
     cache[node] = tuple(p for _, p in _prune(graph, list(enumerate(pieces))))
   return cache[node]
 
 
-def _results_made_so_far(graph: ShapeGraph, body: Program) -> list[Poly]:
-  """Per step of `body` in trace order: the bytes of its results made up to there
-  (results that own a buffer; an operand passed through is the caller's)."""
+def transient_at(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
+  """`transient(graph, node)` at the complete dims `env`, computed with integers
+  (the remat rounds price every rewritten scan and cond at one shape)."""
+  if not node.subprograms:
+    return 0
+  cache = graph.node_cache("transient at " + repr(sorted(env.items())))
+  if node not in cache:
+    working = []
+    for body in node.subprograms:
+      tables = order_tables(graph, env, body)
+      steps = tables.step_bytes(tuple(range(len(body.nodes))))
+      made = _made_so_far(tables.size_of, 0, node, body)
+      working += [int(b) - m - tables.arguments for b, m in zip(steps, made)] or [0]
+    cache[node] = max(working)
+  return cache[node]
+
+
+def _made_so_far(size, zero, node: Node, body: Program) -> list:
+  """Per step of a control-flow `body` in trace order, the bytes of its results made
+  up to there that the node's own outputs already hold: a cond branch's results
+  (results that own a buffer; an operand passed through is the caller's). Zero for
+  loop bodies, whose results are the next iteration's operands."""
+  if node.name != "cond":
+    return [zero] * len(body.nodes)
   buffer = buffers(body)
   results = {x for x in body.outputs if not isinstance(x, Const) and buffer[x] == x}
   results -= set(body.inputs)
-  made, total = [], ZERO
-  for node in body.nodes:
-    total = total + sum((graph.bytes(o) for o in node.outputs if o in results), ZERO)
+  made, total = [], zero
+  for n in body.nodes:
+    total = total + sum((size(o) for o in n.outputs if o in results), zero)
     made.append(total)
   return made
 

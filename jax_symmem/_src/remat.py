@@ -254,7 +254,7 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops):
   the peak step is that scan and its body's working set is part of the peak."""
   node = program.nodes[index]
   paired = {i for s in loops.values() for i in (s.forward.index, s.backward.index)}
-  if not body_remat.plannable(node, paired) or memory.transient(graph, node).evaluate(env) <= 0:
+  if not body_remat.plannable(node, paired) or memory.transient_at(graph, node, env) <= 0:
     return [], DecisionCounts()
   body = node.subprograms[0]
   # The body's own forward/backward scan pairs too (accumulation over a scanned model):
