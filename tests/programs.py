@@ -1,6 +1,7 @@
 """Small programs with symbolic dims shared by the memory, executor and schedule tests."""
 
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import jax
@@ -57,6 +58,27 @@ _TCFG = transformer.Config(vocab=61, d_model=16, n_heads=2, d_ff=40, n_layers=2)
 
 def _transformer_args(b, s):
   return transformer.example_args(_TCFG, b, s)
+
+
+def transformer_args(cfg, b, s, seed=0):
+  """(params, tokens, mask) as transformer.example_args(cfg, b, s) makes them (the same
+  tree, shapes, dtypes and scales: unit norms, N(0, 1/fan_in) weights, every position
+  real), drawn with NumPy and put on the device as they are: jax.random compiles its
+  normal per parameter shape and its randint per batch shape (~0.5 s each on XLA:CPU),
+  which tests that only need some values paid at every new shape."""
+  rng = np.random.RandomState(seed)
+  def fill(x):
+    if len(x.shape) == 1:
+      return jnp.asarray(np.ones(x.shape, x.dtype))
+    return jnp.asarray((rng.randn(*x.shape) / np.sqrt(x.shape[0])).astype(x.dtype))
+  params = jax.tree_util.tree_map(fill, _param_shapes(cfg))
+  tokens = jnp.asarray(rng.randint(0, cfg.vocab, (b, s)).astype(np.int32))
+  return params, tokens, jnp.asarray(np.ones((b, s), np.float32))
+
+
+@functools.lru_cache(maxsize=None)
+def _param_shapes(cfg):
+  return jax.eval_shape(lambda: transformer.init_params(jax.random.PRNGKey(0), cfg))
 
 
 D = 24

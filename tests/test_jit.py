@@ -18,10 +18,17 @@ from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants as variants_lib
 from jax_symmem.examples import transformer
 from tests import budgets
+from tests import programs
 
 CFG = transformer.Config(vocab=61, d_model=32, n_heads=2, d_ff=64, n_layers=2)
 CONSTRAINTS = ("s >= 2", "b <= 4", "s <= 128")
 SHAPES = (None, "b, s", "b, s")
+
+
+def _args(b, s):
+  """transformer.example_args(CFG, b, s)'s arguments, drawn with NumPy (tests/programs.py:
+  jax.random's normal and randint compile per shape)."""
+  return programs.transformer_args(CFG, b, s)
 
 
 def _assert_tree_close(got, want, rtol=1e-5):
@@ -36,15 +43,15 @@ def _budgeted_step(budget):
 
 @functools.lru_cache(maxsize=None)
 def _jax_jit_outputs(b, s):
-  """jax.jit's (loss, params) for example_args(CFG, b, s), compiled once per shape for
+  """jax.jit's (loss, params) for _args(b, s), compiled once per shape for
   the module's tests and kept as NumPy arrays: host memory, never among the live arrays
   a budget counts."""
-  out = jax.jit(transformer.make_train_step(CFG))(*transformer.example_args(CFG, b, s))
+  out = jax.jit(transformer.make_train_step(CFG))(*_args(b, s))
   return jax.device_get(out)
 
 
 def _min_and_max_peaks(step, dims):
-  a = step.analyze(*transformer.example_args(CFG, 2, 8))
+  a = step.analyze(*_args(2, 8))
   peaks = [a.round_peak(k, dims) for k in range(len(a.rounds))]
   return min(peaks), peaks[0], a
 
@@ -55,7 +62,7 @@ def test_matches_jax_jit_without_budget_and_caches_per_shape():
   # The smallest allowed shape, another, and that one again: a cache hit. (The largest,
   # (4, 128), compiles under a budget and with impose_schedule below.)
   for b, s in ((1, 2), (2, 17), (2, 17)):
-    _assert_tree_close(step(*transformer.example_args(CFG, b, s)), _jax_jit_outputs(b, s))
+    _assert_tree_close(step(*_args(b, s)), _jax_jit_outputs(b, s))
   info = step.cache_info()
   assert info["compiles"] == 2 and info["hits"] == 1 and info["fallback_calls"] == 0
 
@@ -87,7 +94,7 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   dims = {"b": 4, "s": 128}
   probe = _budgeted_step(None)
   lowest, unoptimized, analysis = _min_and_max_peaks(probe, dims)
-  args = transformer.example_args(CFG, 4, 128)
+  args = _args(4, 128)
   # Between the model's extremes, but never below what XLA reaches with every round.
   budget = budgets.tight_budget(analysis, dims, args)
   round_0_xla = budgets.xla_bytes(analysis, 0, dims, args)   # compiled once, asserted twice
@@ -106,7 +113,7 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   # ... with less memory than round 0 compiled the same way (which the budget excludes).
   assert step.last_call["xla_bytes"] <= budget < round_0_xla
   # Short batches need no eviction, and far below the budget compile as jax.jit would.
-  small = transformer.example_args(CFG, 1, 8)
+  small = _args(1, 8)
   step(*small)
   assert [v.round for v in step.compiled(b=1, s=8)] == [0]
   assert step.compiled(b=1) == step.compiled(b=1, s=8)   # partial dims filter
@@ -138,8 +145,8 @@ _REFUSED_STEPS = {
     "mlp": lambda: (_mlp_step, (None, "b, _"), ("b <= 512",), _mlp_args(8), _mlp_args(512),
                     {"b": 512}),
     "transformer": lambda: (transformer.make_train_step(CFG), SHAPES, CONSTRAINTS,
-                            transformer.example_args(CFG, 2, 8),
-                            transformer.example_args(CFG, 4, 128), {"b": 4, "s": 128}),
+                            _args(2, 8),
+                            _args(4, 128), {"b": 4, "s": 128}),
 }
 
 
@@ -197,11 +204,11 @@ def test_no_budget_error_for_a_budget_jax_jit_meets():
 def test_shape_outside_the_constraints_names_dim_and_constraint():
   step = _budgeted_step(None)
   with pytest.raises(symmem.ShapeError, match=r"s = 200 is outside \[2, 128\].*s <= 128"):
-    step(*transformer.example_args(CFG, 2, 200))
+    step(*_args(2, 200))
 
 
 def test_wrong_structure_and_dynamic_kwargs_are_clear_errors():
-  params, tokens, mask = transformer.example_args(CFG, 2, 8)
+  params, tokens, mask = _args(2, 8)
   fresh = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                      constraints=CONSTRAINTS)
   with pytest.raises(symmem.ShapeSpecError, match="do not fit the arguments"):
@@ -275,8 +282,8 @@ def test_guarded_rewrite_runs_under_plain_jit(name):
     args, dims = _mlp_args(100), {"b": 100}
     want = jax.jit(_mlp_step)(*args)
   else:
-    a = _budgeted_step(None).analyze(*transformer.example_args(CFG, 2, 8))
-    args, dims = transformer.example_args(CFG, 2, 17), {"b": 2, "s": 17}
+    a = _budgeted_step(None).analyze(*_args(2, 8))
+    args, dims = _args(2, 17), {"b": 2, "s": 17}
     want = _jax_jit_outputs(2, 17)
   flat = jax.tree_util.tree_leaves(args)
   for budget in (None, a.rounds[-1].peak_at(dims)):
@@ -302,7 +309,7 @@ def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
   monkeypatch.setattr(variants_lib, "IMPOSE_MIN_BYTES", 64 * 1024)   # fence this small model too
   step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                     constraints=CONSTRAINTS, impose_schedule=True)
-  args = transformer.example_args(CFG, 4, 128)
+  args = _args(4, 128)
   _assert_tree_close(step(*args), _jax_jit_outputs(4, 128))
   (variant,) = step.compiled()
   assert "opt-barrier" in variant.executable.as_text()
@@ -346,7 +353,7 @@ def test_step_does_not_keep_its_first_arguments_alive():
 def test_fenced_rounds_compile_with_xla_default_scheduler():
   # The memory-optimized scheduler moves fenced recomputation back up (variants.py).
   from jax_symmem._src import variants
-  a = _budgeted_step(None).analyze(*transformer.example_args(CFG, 2, 8))
+  a = _budgeted_step(None).analyze(*_args(2, 8))
   assert variants.round_options(a, 0) == variants.FAST_PATH_CPU_OPTIONS   # nothing recomputed
   k = next(k for k, r in enumerate(a.rounds) if r.blocks)
   options = variants.round_options(a, k)
@@ -361,7 +368,7 @@ def test_the_first_call_leaves_no_arrays_behind_for_the_next_budget():
   # and counted as other live arrays against the next call's budget.
   step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                     constraints=CONSTRAINTS)
-  args = transformer.example_args(CFG, 2, 8)
+  args = _args(2, 8)
   held = {id(x) for x in jax.tree_util.tree_leaves(args)}
   gc.collect()
   others = lambda: sum(a.nbytes for a in jax.live_arrays() if id(a) not in held)

@@ -157,7 +157,7 @@ def test_nnx_scanned_layers_symmem_flag_matches_jax_jit(remat_policy, shapes):
   info = step.jitted.cache_info()
   assert info["compiles"] == len({t.shape for t, _ in batches})
   assert info["hits"] == len(batches) - info["compiles"]
-  tokens, mask = _batches()[0]
+  tokens, mask = batches[0]
   graphdef, params = nnx.split(model)
   forward = str(jax.make_jaxpr(lambda p, t: nnx.merge(graphdef, p)(t))(params, tokens))
   # jax.checkpoint prints as remat

@@ -14,6 +14,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import remat
 from jax_symmem._src import schedule
 from jax_symmem.examples import transformer
+from tests import programs
 
 CFG = transformer.Config(vocab=61, d_model=32, n_heads=2, d_ff=64, n_layers=2)
 CONSTRAINTS = ("s >= 2", "b <= 4", "s <= 128")
@@ -21,7 +22,7 @@ CONSTRAINTS = ("s >= 2", "b <= 4", "s <= 128")
 
 @functools.lru_cache(maxsize=None)
 def _analysis():
-  return symmem.analyze(transformer.make_train_step(CFG), *transformer.example_args(CFG, 2, 8),
+  return symmem.analyze(transformer.make_train_step(CFG), *programs.transformer_args(CFG, 2, 8),
                         polymorphic_shapes=(None, "b, s", "b, s"), constraints=CONSTRAINTS)
 
 
@@ -41,7 +42,7 @@ def test_regions_are_valid_and_never_recompute_randomness_or_effects():
 def test_every_round_computes_the_same_outputs_op_by_op_and_matches_the_model():
   a = _analysis()
   dims = {"b": 3, "s": 50}
-  args = transformer.example_args(CFG, **{"batch": 3, "seq": 50})
+  args = programs.transformer_args(CFG, 3, 50)
   flat = jax.tree_util.tree_leaves(args)
   env = a.graph.constraints.complete(dims)
   want = jax.tree_util.tree_leaves(jax.jit(transformer.make_train_step(CFG))(*args))
@@ -261,7 +262,7 @@ def test_xla_keeps_every_fence_operand():
   k = len(a.rounds) - 1
   program = tracing.specialize_program(a.rounds[k].program, a.graph.constraints.complete(dims))
   want = sum(len(n.inputs) for n in program.nodes if n.name == "optimization_barrier")
-  flat = jax.tree_util.tree_leaves(transformer.example_args(CFG, 2, 16))
+  flat = jax.tree_util.tree_leaves(programs.transformer_args(CFG, 2, 16))
   hlo = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(
       compiler_options=variants.round_options(a, k)).as_text()
   kept = sum(line.split("opt-barrier(")[0].count("[") for line in hlo.splitlines()
