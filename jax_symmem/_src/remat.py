@@ -33,6 +33,7 @@ from jax import lax
 import numpy as np
 
 from jax_symmem._src import body_remat
+from jax_symmem._src import collector
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
@@ -659,6 +660,7 @@ class ReplayedRounds(collections.abc.Sequence):
     return len(self._built)
 
 
+@collector.paused()
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
                 shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
                 per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:

@@ -29,6 +29,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jax_symmem._src import collector
 from jax_symmem._src import memory
 from jax_symmem._src import progress
 from jax_symmem._src.decider import Decider, DecisionCounts
@@ -108,6 +109,7 @@ def is_valid_order(program: Program, order: Sequence[int],
   return bool(np.all(pos[before] < pos[after]))
 
 
+@collector.paused()
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,
              dims: Mapping[str, int] | None = None,
              shape_of_interest: Mapping[str, int] | None = None,
