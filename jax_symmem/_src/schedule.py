@@ -25,6 +25,7 @@ import bisect
 import collections
 import dataclasses
 import functools
+import operator
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
@@ -429,10 +430,15 @@ class _NetBytes:
     self._ids: dict[Poly, int] = {}
     self._sizes: list[Poly] = []
     self._net: dict[tuple, Poly] = {}
+    self._keys: dict[tuple, tuple] = {}    # (allocated, freed) buffers -> key
 
   def key(self, allocated, freed) -> tuple:
-    return (tuple(sorted(map(self._size_of, allocated))),
-            tuple(sorted(map(self._size_of, freed))))
+    buffers = (tuple(allocated), tuple(freed))
+    key = self._keys.get(buffers)
+    if key is None:
+      key = self._keys[buffers] = (tuple(sorted(map(self._size_of, allocated))),
+                                   tuple(sorted(map(self._size_of, freed))))
+    return key
 
   def _size_of(self, b: int) -> int:
     k = self._size_id.get(b)
@@ -500,14 +506,18 @@ class _Chooser:
     """
     self.choices += 1
     best = ready.first()
-    if len(ready) == 1:
+    if len(ready.impact_of) == 1:
       return best
     bisect_right = bisect.bisect_right
     outcomes: dict[str | None, int] = {}
-    best_key, best_impact = ready.key(best), ready.impact_of[best]
-    # Per group: [impact, sorted keys, how many of them come before or at the best]
-    # (the best is the most preferred node at first: none of the others' keys precede it).
-    scan = [[impact, keys, int(impact == best_impact)] for impact, keys in ready.groups.items()]
+    best_key, best_impact = ready.sign * best, ready.impact_of[best]
+    # Per group with nodes after the best: [impact, sorted keys, how many of them come
+    # before or at the best] (at first, the best is the most preferred node).
+    scan = []
+    for impact, keys in ready.groups.items():
+      k = int(impact == best_impact)
+      if k < len(keys):
+        scan.append([impact, keys, k])
     while True:
       row = self._beats.get(best_impact)
       if row is None:
@@ -517,29 +527,40 @@ class _Chooser:
         verdict = row.get(impact)
         if verdict is None:
           verdict = row[impact] = self._beat(impact, best_impact)
-        if verdict[1] and k < len(keys) and (next_key is None or keys[k] < next_key):
+        if verdict[1] and (next_key is None or keys[k] < next_key):
           next_key = keys[k]
-      # The nodes after the best up to the next best (or the end) meet the best.
+      if next_key is None:   # nothing after the best beats it: all the rest meet it
+        for impact, keys, k in scan:
+          outcome = row[impact][0]
+          outcomes[outcome] = outcomes.get(outcome, 0) + len(keys) - k
+        break
+      # The nodes after the best up to the next best meet the best; a group whose
+      # nodes all come before the next best drops out of the scan.
+      left = []
       for entry in scan:
         impact, keys, k = entry
-        hi = len(keys) if next_key is None else bisect_right(keys, next_key, k)
-        if hi > k:
-          outcome = row[impact][0]
-          outcomes[outcome] = outcomes.get(outcome, 0) + hi - k
+        if keys[k] > next_key:
+          left.append(entry)
+          continue
+        hi = bisect_right(keys, next_key, k)
+        outcome = row[impact][0]
+        outcomes[outcome] = outcomes.get(outcome, 0) + hi - k
+        if hi < len(keys):
           entry[2] = hi
-      if next_key is None:
-        break
+          left.append(entry)
+      scan = left
       best_key = next_key
-      best_impact = ready.impact_of[ready.node(best_key)]
+      best_impact = ready.impact_of[ready.sign * best_key]
     self.decider.count(outcomes)
-    return ready.node(best_key)
+    return ready.sign * best_key
 
 
 class _Ready:
   """The ready nodes, grouped by impact (`impact(i)`, computed when a node becomes
   ready); each group's preference keys sorted.
 
-  Forward passes prefer low node indices, backward passes high ones (key -i).
+  Forward passes prefer low node indices, backward passes high ones: node i's key is
+  `sign * i` (sign -1 for a backward pass), and the lowest key is the most preferred.
   A waiting node's impact may change when another node is placed: `stale(i)`
   marks it, and it is recomputed and regrouped before the next pick.
   """
@@ -550,23 +571,14 @@ class _Ready:
     self.impact_of: dict[int, int] = {}
     self._stale: set[int] = set()
 
-  def __len__(self) -> int:
-    return len(self.impact_of)
-
-  def key(self, i: int) -> int:
-    return self.sign * i
-
-  def node(self, key: int) -> int:
-    return self.sign * key
-
   def add(self, i: int) -> None:
     impact = self.impact_of[i] = self.impact(i)
-    bisect.insort(self.groups.setdefault(impact, []), self.key(i))
+    bisect.insort(self.groups.setdefault(impact, []), self.sign * i)
 
   def remove(self, i: int) -> None:
     impact = self.impact_of.pop(i)
     keys = self.groups[impact]
-    del keys[bisect.bisect_left(keys, self.key(i))]
+    del keys[bisect.bisect_left(keys, self.sign * i)]
     if not keys:
       del self.groups[impact]
 
@@ -580,7 +592,7 @@ class _Ready:
       self.remove(i)
       self.add(i)
     self._stale.clear()
-    return self.node(min(keys[0] for keys in self.groups.values()))
+    return self.sign * min(map(operator.itemgetter(0), self.groups.values()))
 
 
 def _better(decision, count: int, best_count: int) -> bool:
@@ -605,7 +617,7 @@ def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], int],
     if w == 0:
       ready.add(i)
   order = []
-  while len(ready):
+  while ready.impact_of:
     best = chooser.pick(ready)
     order.append(best)
     ready.remove(best)
@@ -632,10 +644,9 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     return chooser.impact(new, ending)
 
   def placed(best, ready):
-    remaining.subtract(state.operands[best])
-    for b in state.operands[best]:     # a buffer's last reader now ends it: its impact drops
-      left = remaining[b]
-      if left:
+    for b, k in state.operands[best].items():
+      left = remaining[b] = remaining[b] - k
+      if left:                         # a buffer's last reader now ends it: its impact drops
         for r in state.readers[b]:
           if state.operands[r][b] == left:
             ready.stale(r)
