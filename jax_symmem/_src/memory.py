@@ -71,7 +71,7 @@ def _aliases(program: Program) -> dict[int, int]:
   values that own theirs: most of a program)."""
   parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
-    if node.name in ALIAS_RULES:
+    if node.primitive.name in ALIAS_RULES:   # (not `node.name`: a call per node, every round)
       for k, i in aliased_operands(node).items():
         parent[node.outputs[k]] = node.inputs[i]
   roots = {}
@@ -355,7 +355,7 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   read = set(read_buffers.tolist())
   doa = tuple((i, o) for i, o in owned if o not in read and o not in pinned)
   layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf, owned, doa,
-                         tuple(n for n in nodes if n.subprograms), len(nodes))
+                         program.control_flow, len(nodes))
   _remember(_LAYOUTS, key, (program, layout))
   return layout
 

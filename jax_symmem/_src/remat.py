@@ -183,7 +183,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     if sub is None:
       continue
     nodes, anchors = sub
-    cost = sum((node_flops.poly(graph, program.nodes[i]) for i in nodes), ZERO)
+    cost = node_flops.cost(graph, [program.nodes[i] for i in nodes])
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
@@ -206,6 +206,7 @@ class NodeFlops:
   def __init__(self, env: Mapping[str, int]):
     self.env, self._cache = dict(env), {}
     self._last: tuple[tuple[Node, ...], int] = ((), 0)   # a program's nodes, their total
+    self._costs: dict[tuple[int, ...], tuple[tuple[Node, ...], Poly]] = {}
 
   def _get(self, graph: ShapeGraph, node: Node) -> tuple[Node, Poly, int]:
     hit = self._cache.get(id(node))
@@ -219,6 +220,15 @@ class NodeFlops:
 
   def poly(self, graph: ShapeGraph, node: Node) -> Poly:
     return self._get(graph, node)[1]
+
+  def cost(self, graph: ShapeGraph, nodes: Sequence[Node]) -> Poly:
+    """The FLOPs of `nodes` together as a polynomial, cached by the nodes' identities: a
+    candidate's regeneration is mostly the same nodes round after round."""
+    key = tuple(map(id, nodes))
+    hit = self._costs.get(key)
+    if hit is None:   # the nodes are kept: their ids are never reused
+      hit = self._costs[key] = (tuple(nodes), sum((self.poly(graph, n) for n in nodes), ZERO))
+    return hit[1]
 
   def total(self, graph: ShapeGraph, program: Program) -> int:
     """The FLOPs of all of `program`'s nodes: the last program's total, corrected where
@@ -367,11 +377,12 @@ class _Triggers:
   consumer and read at it or later, the one with the longest chain back to the inputs
   (late in the backward pass: XLA cannot compute it early, as JAX's remat waits for
   the cotangent); the first such in `order` on a tie. Positions are in `order`, which
-  inserting blocks never reorders."""
+  inserting blocks never reorders; `at` is asked about positions up to `end` only."""
 
-  def __init__(self, program: Program, order: Sequence[int]):
+  def __init__(self, program: Program, order: Sequence[int], end: int):
     # Where each value is last read (numpy), its depth (the longest chain of nodes
-    # back to the program's inputs: one pass in order), and the values a trigger may be.
+    # back to the program's inputs: one pass in order, up to `end`: a value made later
+    # is never a trigger there), and the values a trigger may be.
     n = len(order)
     node_pos = np.empty(n, np.int64)
     node_pos[np.asarray(order, np.int64)] = np.arange(n)
@@ -384,7 +395,7 @@ class _Triggers:
     depth = [0] * ids
     get = depth.__getitem__
     nodes = program.nodes
-    for i in order:
+    for i in order[:end]:
       node = nodes[i]
       d = max(map(get, node.operands), default=0) + 1
       for o in node.outputs:
@@ -440,7 +451,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   for r in regions:
     groups.setdefault(r.consumer, []).append(r)
   consumers = sorted(groups, key=position.__getitem__)
-  triggers_of = _Triggers(program, order)
+  triggers_of = _Triggers(program, order, max((position[c] for c in consumers), default=0))
   trigger_of = {c: triggers_of.at(position[c], {a for r in groups[c] for a in r.anchors}
                                   | {r.value for r in groups[c]}) for c in consumers}
   readers = _readers(program, {r.value for r in regions} | set(trigger_of.values()))
