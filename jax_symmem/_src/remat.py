@@ -140,6 +140,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   born[write_val] = node_pos[write_node]
   pos = node_pos.tolist()
   producer = dict(zip(write_val.tolist(), write_node.tolist()))
+  inputs = set(program.inputs)
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   at_peak = set(nodes[order[peak_pos]].operands) if order else set()
 
@@ -153,7 +154,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
 
   def live_at(v, u) -> bool:
     if v not in producer:   # an argument: held by the caller
-      return v in program.inputs
+      return v in inputs
     return born[v] < u and last_use[v] >= u
 
   # The bound on a regeneration's cost, in place of a node count: its share, by bytes
@@ -172,7 +173,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     limit = size_at(v) // 2
     def anchor(a, prefer_recompute):
       """Whether the regeneration of v reads `a` instead of recomputing it."""
-      if a in program.inputs:
+      if a in inputs:
         return True
       if not live_at(a, u):
         return False
@@ -187,7 +188,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
-                              min_fraction * peak, set(program.inputs), last_use)
+                              min_fraction * peak, inputs, last_use)
   counts = DecisionCounts()
   if descend and order:
     inner, counts = _body_candidates(graph, program, order[peak_pos], tight, env, loops or {},
@@ -400,35 +401,34 @@ class _Triggers:
       d = max(map(get, node.operands), default=0) + 1
       for o in node.outputs:
         depth[o] = d
-    eligible = np.fromiter((n.primitive.name not in NOT_A_TRIGGER for n in nodes), bool,
-                           len(nodes))
     born = node_pos[write_node]
     # In order of position, as the values were made (a node's outputs in their order).
     made = np.lexsort((np.arange(len(write_val)), born))
-    made = made[eligible[write_node[made]] & (last_read[write_val[made]] >= 0)]
-    self.values = write_val[made].tolist()
-    self.index = {o: j for j, o in enumerate(self.values)}
+    made = made[(born[made] < end) & (last_read[write_val[made]] >= 0)]
+    made = made[np.fromiter((nodes[i].primitive.name not in NOT_A_TRIGGER
+                             for i in write_node[made].tolist()), bool, len(made))]
+    self.values = write_val[made]
     self.born = born[made]
     self.last_read = last_read[write_val[made]]
     self.depth = np.asarray(depth, np.int64)[write_val[made]]
 
   def at(self, k: int, skip: Iterable[int]) -> int | None:
     """The trigger for a consumer at position k, never one of `skip`."""
-    if not self.values:
+    if not len(self.values):
       return None
     depth = np.where((self.born < k) & (self.last_read >= k), self.depth, -1)
-    depth[[self.index[v] for v in skip if v in self.index]] = -1
+    depth[np.isin(self.values, np.fromiter(skip, np.int64))] = -1
     j = int(np.argmax(depth))   # the first of the deepest
-    return self.values[j] if depth[j] >= 0 else None
+    return int(self.values[j]) if depth[j] >= 0 else None
 
 
-def _readers(program: Program, values: set) -> dict[int, list[int]]:
-  """The nodes that read each of `values`, in node order."""
+def _readers(program: Program, values: set[int]) -> dict[int, list[int]]:
+  """The nodes that read each of `values`, in node order (once per read)."""
+  read_node, read_val = program.reads
+  hit = np.isin(read_val, np.fromiter(values, np.int64, len(values)))
   readers: dict[int, list[int]] = {}
-  for node in program.nodes:
-    for x in node.operands:
-      if x in values:
-        readers.setdefault(x, []).append(node.index)
+  for i, x in zip(read_node[hit].tolist(), read_val[hit].tolist()):
+    readers.setdefault(x, []).append(program.nodes[i].index)
   return readers
 
 
@@ -454,7 +454,8 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   triggers_of = _Triggers(program, order, max((position[c] for c in consumers), default=0))
   trigger_of = {c: triggers_of.at(position[c], {a for r in groups[c] for a in r.anchors}
                                   | {r.value for r in groups[c]}) for c in consumers}
-  readers = _readers(program, {r.value for r in regions} | set(trigger_of.values()))
+  readers = _readers(program, {r.value for r in regions}
+                     | {t for t in trigger_of.values() if t is not None})
   order = list(order)
   rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
   fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
