@@ -243,7 +243,7 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
     if profile is not None:
       pos = profile.pos
       p = int(pos[i])
-      q = int(pos[succs[0]]) if len(succs) == 1 else int(pos[succs].min())
+      q = int(min(map(pos.__getitem__, succs)))
       if q == p + 1:
         continue
       new = profile.trial(i, q)
@@ -313,16 +313,19 @@ class _Profile:
           handed.append((int(at), size[b], b))
     if len(handed) > 1:
       handed.sort()
-    step, peak, held, start = self.step, self.arguments, 0, p + 1
+    # The window's largest step after the move: the nodes between, one step earlier,
+    # then i itself.
+    step, parts, held, start = self.step, [], 0, p + 1
     for at, bytes_, _ in handed:
       if at >= start:
-        peak = max(peak, int(step[start:at + 1].max()) + held - net)
+        parts.append(int(step[start:at + 1].max()) + held - net)
         start = at + 1
       held += bytes_
     if start < q:
-      peak = max(peak, int(step[start:q].max()) + held - net)
+      parts.append(int(step[start:q].max()) + held - net)
     i_before = int(step[q]) - self.running[int(self.order[q])] - net + held
-    peak = max(peak, i_before + self.running[i])
+    window = max(i_before + self.running[i], *parts)
+    peak = max(self.arguments, window)
     top = self._top
     if not p <= top < q:          # the max lies outside the window: nothing else can beat it
       peak = max(peak, int(step[top]))
@@ -331,12 +334,12 @@ class _Profile:
         peak = max(peak, int(step[:p].max()))
       if q < len(step):
         peak = max(peak, int(step[q:].max()))
-    self._pending = (i, p, q, net, handed, i_before)
+    self._pending = (i, p, q, net, handed, i_before, window)
     return peak
 
   def accept(self):
     """Applies the last trial move."""
-    i, p, q, net, handed, i_before = self._pending
+    i, p, q, net, handed, i_before, window = self._pending
     step, order = self.step, self.order
     if net:
       np.subtract(step[p + 1:q], net, out=step[p:q - 1])
@@ -347,10 +350,8 @@ class _Profile:
     step[q - 1] = i_before + self.running[i]
     if p <= self._top < q:
       self._top = int(step.argmax())
-    else:
-      w = p + int(step[p:q].argmax())
-      if step[w] > step[self._top]:
-        self._top = w
+    elif window > step[self._top]:
+      self._top = p + int(step[p:q].argmax())
     last, freed = self.last, self.freed
     for _, bytes_, b in handed:   # i is their last reader now
       freed[last[b]] -= bytes_
