@@ -182,8 +182,8 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # at this one yet leave the rounds less to evict (the small Llama's last round at
   # b=4, s=1024, modeled: 676 vs 449 MiB). The others serve round 0 where they are best.
   main = [name for name in candidates if "@" not in name]
-  trace_peaks = peaks(candidates["trace"])
   scored = {name: peaks(candidates[name]) for name in main}
+  trace_peaks = scored["trace"]
   best = min((name for name in main
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
