@@ -384,6 +384,14 @@ class _State:
     return [[o for o in n.outputs if self.buffer[o] == o] for n in self.program.nodes]
 
   @functools.cached_property
+  def read_count(self) -> collections.Counter:
+    """buffer -> how many times the nodes read it (every forward pass starts from it)."""
+    count = collections.Counter()
+    for ops in self.operands:
+      count.update(ops)
+    return count
+
+  @functools.cached_property
   def readers(self) -> dict[int, list[int]]:
     """buffer -> the nodes that read it."""
     readers = collections.defaultdict(list)
@@ -634,9 +642,7 @@ def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], int],
 
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
-  remaining = collections.Counter()
-  for ops in state.operands:
-    remaining.update(ops)
+  remaining = collections.Counter(state.read_count)
   keep = state.held | state.outputs
 
   def impact(i):
