@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
+from jax_symmem._src import collector
 from jax_symmem._src import memory
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
@@ -355,6 +356,7 @@ def decisions_of(analysis: Analysis) -> plan_cache.Decisions:
                               written[0].order if written else None)
 
 
+@collector.paused()
 def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
                      memory_budget: int | None = None,
                      argument_divisors: Sequence[Sequence[int]] | None = None,

@@ -68,7 +68,7 @@ class Program:
 
   @functools.cached_property
   def _value_ids(self) -> tuple[int, ...]:
-    return self.inputs + tuple(itertools.chain.from_iterable(n.outputs for n in self.nodes))
+    return self.inputs + tuple(self.writes[1].tolist())
 
   @functools.cached_property
   def reads(self) -> tuple[np.ndarray, np.ndarray]:
@@ -87,6 +87,11 @@ class Program:
                         np.fromiter(map(len, outputs), np.int64, len(outputs)))
     return node_of, np.fromiter(itertools.chain.from_iterable(outputs), np.int64, len(node_of))
 
+  @functools.cached_property
+  def control_flow(self) -> tuple[Node, ...]:
+    """The nodes with subprograms (scan, while, cond), in node order."""
+    return tuple(n for n in self.nodes if n.subprograms)
+
   def walk(self):
     """Yields (program, node) for this program and every nested subprogram."""
     for n in self.nodes:
@@ -97,9 +102,8 @@ class Program:
   def max_id(self) -> int:
     """The largest value id here or in any subprogram (-1 if none): a rewrite's new
     values start above it."""
-    ids = itertools.chain(self.inputs, itertools.chain.from_iterable(n.outputs for n in self.nodes),
-                          (sub.max_id() for n in self.nodes for sub in n.subprograms))
-    return max(ids, default=-1)
+    return max(max(self.inputs, default=-1), int(self.writes[1].max(initial=-1)),
+               *(sub.max_id() for n in self.control_flow for sub in n.subprograms))
 
 
 def source_label(source: str, primitive: str = "") -> str:

@@ -71,7 +71,7 @@ def _aliases(program: Program) -> dict[int, int]:
   values that own theirs: most of a program)."""
   parent: dict[int, int] = {}   # nodes are not listed in dataflow order (rewrites append)
   for node in program.nodes:
-    if node.name in ALIAS_RULES:
+    if node.primitive.name in ALIAS_RULES:   # (not `node.name`: a call per node, every round)
       for k, i in aliased_operands(node).items():
         parent[node.outputs[k]] = node.inputs[i]
   roots = {}
@@ -263,19 +263,18 @@ class _IntTables:
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
     self.arguments = sum(self.size_of(v) for v in program.inputs)
-    n = len(program.nodes)
-    alloc, doa = [0] * n, [0] * n
-    for i, o in layout.owned:
-      alloc[i] += value_bytes[o]
-    for i, o in layout.dead_on_arrival:
-      doa[i] += value_bytes[o]
-    trans = [node_trans.get(i, 0) for i in range(n)]
-    sizes = [value_bytes[b] for b in layout.read_buffers]
-    self.exact = self.arguments + sum(alloc) + sum(trans) < 2**62   # int64 cannot overflow
+    owned = [value_bytes[o] for o in layout.owned_value]
+    self.exact = (self.arguments + sum(owned) + sum(node_trans.values())
+                  < 2**62)   # int64 cannot overflow
     if self.exact:
+      n = len(program.nodes)
       self.use_node, self.use_buf = layout.use_node, layout.use_buf
-      self.buf_size = np.asarray(sizes, np.int64)
-      self.alloc, self.trans, self.doa = (np.asarray(x, np.int64) for x in (alloc, trans, doa))
+      self.buf_size = np.asarray([value_bytes[b] for b in layout.read_buffers], np.int64)
+      self.alloc, self.doa, self.trans = (np.zeros(n, np.int64) for _ in range(3))
+      np.add.at(self.alloc, layout.owned_node, owned)
+      np.add.at(self.doa, layout.dead_node, [value_bytes[o] for o in layout.dead_value])
+      for i, t in node_trans.items():
+        self.trans[i] = t
 
   def peak(self, order: Sequence[int]) -> int:
     """max(arguments, live + allocated + transient at every step), as `_simulate` counts."""
@@ -311,8 +310,10 @@ class _BufferLayout:
   read_buffers: tuple[int, ...]     # unpinned buffers some node reads, by index
   use_node: np.ndarray              # (node, buffer index) of every read
   use_buf: np.ndarray
-  owned: tuple[tuple[int, int], ...]            # (node, value) owning a buffer
-  dead_on_arrival: tuple[tuple[int, int], ...]  # (node, value) that nothing reads
+  owned_node: np.ndarray            # (node, value) of every output owning a buffer
+  owned_value: tuple[int, ...]
+  dead_node: np.ndarray             # (node, value) of those that nothing reads
+  dead_value: tuple[int, ...]
   control_flow: tuple[Node, ...]
   num_nodes: int
 
@@ -350,11 +351,14 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   use_node, use_buf = pair // max(len(read_buffers), 1), pair % max(len(read_buffers), 1)
   out_node, out_val = program.writes
   own = out_val == _map_ids(out_val, alias) if alias else slice(None)
-  owned = tuple(zip(out_node[own].tolist(), out_val[own].tolist()))
-  read = set(read_buffers.tolist())
-  doa = tuple((i, o) for i, o in owned if o not in read and o not in pinned)
-  layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf, owned, doa,
-                         tuple(n for n in nodes if n.subprograms), len(nodes))
+  owned_node, owned_value = out_node[own], out_val[own]
+  dead = ~np.isin(owned_value, read_buffers)   # read_buffers are unpinned: leave out pinned
+  if pinned:
+    dead &= ~np.isin(owned_value, np.fromiter(pinned, np.int64, len(pinned)))
+  layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf,
+                         owned_node, tuple(owned_value.tolist()),
+                         owned_node[dead], tuple(owned_value[dead].tolist()),
+                         program.control_flow, len(nodes))
   _remember(_LAYOUTS, key, (program, layout))
   return layout
 

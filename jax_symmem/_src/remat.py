@@ -33,6 +33,7 @@ from jax import lax
 import numpy as np
 
 from jax_symmem._src import body_remat
+from jax_symmem._src import collector
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
@@ -139,6 +140,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   born[write_val] = node_pos[write_node]
   pos = node_pos.tolist()
   producer = dict(zip(write_val.tolist(), write_node.tolist()))
+  inputs = set(program.inputs)
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   at_peak = set(nodes[order[peak_pos]].operands) if order else set()
 
@@ -152,7 +154,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
 
   def live_at(v, u) -> bool:
     if v not in producer:   # an argument: held by the caller
-      return v in program.inputs
+      return v in inputs
     return born[v] < u and last_use[v] >= u
 
   # The bound on a regeneration's cost, in place of a node count: its share, by bytes
@@ -171,7 +173,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     limit = size_at(v) // 2
     def anchor(a, prefer_recompute):
       """Whether the regeneration of v reads `a` instead of recomputing it."""
-      if a in program.inputs:
+      if a in inputs:
         return True
       if not live_at(a, u):
         return False
@@ -182,11 +184,11 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     if sub is None:
       continue
     nodes, anchors = sub
-    cost = sum((node_flops.poly(graph, program.nodes[i]) for i in nodes), ZERO)
+    cost = node_flops.cost(graph, [program.nodes[i] for i in nodes])
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
-                              min_fraction * peak, set(program.inputs), last_use)
+                              min_fraction * peak, inputs, last_use)
   counts = DecisionCounts()
   if descend and order:
     inner, counts = _body_candidates(graph, program, order[peak_pos], tight, env, loops or {},
@@ -205,6 +207,7 @@ class NodeFlops:
   def __init__(self, env: Mapping[str, int]):
     self.env, self._cache = dict(env), {}
     self._last: tuple[tuple[Node, ...], int] = ((), 0)   # a program's nodes, their total
+    self._costs: dict[tuple[int, ...], tuple[tuple[Node, ...], Poly]] = {}
 
   def _get(self, graph: ShapeGraph, node: Node) -> tuple[Node, Poly, int]:
     hit = self._cache.get(id(node))
@@ -218,6 +221,15 @@ class NodeFlops:
 
   def poly(self, graph: ShapeGraph, node: Node) -> Poly:
     return self._get(graph, node)[1]
+
+  def cost(self, graph: ShapeGraph, nodes: Sequence[Node]) -> Poly:
+    """The FLOPs of `nodes` together as a polynomial, cached by the nodes' identities: a
+    candidate's regeneration is mostly the same nodes round after round."""
+    key = tuple(map(id, nodes))
+    hit = self._costs.get(key)
+    if hit is None:   # the nodes are kept: their ids are never reused
+      hit = self._costs[key] = (tuple(nodes), sum((self.poly(graph, n) for n in nodes), ZERO))
+    return hit[1]
 
   def total(self, graph: ShapeGraph, program: Program) -> int:
     """The FLOPs of all of `program`'s nodes: the last program's total, corrected where
@@ -366,11 +378,12 @@ class _Triggers:
   consumer and read at it or later, the one with the longest chain back to the inputs
   (late in the backward pass: XLA cannot compute it early, as JAX's remat waits for
   the cotangent); the first such in `order` on a tie. Positions are in `order`, which
-  inserting blocks never reorders."""
+  inserting blocks never reorders; `at` is asked about positions up to `end` only."""
 
-  def __init__(self, program: Program, order: Sequence[int]):
+  def __init__(self, program: Program, order: Sequence[int], end: int):
     # Where each value is last read (numpy), its depth (the longest chain of nodes
-    # back to the program's inputs: one pass in order), and the values a trigger may be.
+    # back to the program's inputs: one pass in order, up to `end`: a value made later
+    # is never a trigger there), and the values a trigger may be.
     n = len(order)
     node_pos = np.empty(n, np.int64)
     node_pos[np.asarray(order, np.int64)] = np.arange(n)
@@ -383,40 +396,39 @@ class _Triggers:
     depth = [0] * ids
     get = depth.__getitem__
     nodes = program.nodes
-    for i in order:
+    for i in order[:end]:
       node = nodes[i]
       d = max(map(get, node.operands), default=0) + 1
       for o in node.outputs:
         depth[o] = d
-    eligible = np.fromiter((n.primitive.name not in NOT_A_TRIGGER for n in nodes), bool,
-                           len(nodes))
     born = node_pos[write_node]
     # In order of position, as the values were made (a node's outputs in their order).
     made = np.lexsort((np.arange(len(write_val)), born))
-    made = made[eligible[write_node[made]] & (last_read[write_val[made]] >= 0)]
-    self.values = write_val[made].tolist()
-    self.index = {o: j for j, o in enumerate(self.values)}
+    made = made[(born[made] < end) & (last_read[write_val[made]] >= 0)]
+    made = made[np.fromiter((nodes[i].primitive.name not in NOT_A_TRIGGER
+                             for i in write_node[made].tolist()), bool, len(made))]
+    self.values = write_val[made]
     self.born = born[made]
     self.last_read = last_read[write_val[made]]
     self.depth = np.asarray(depth, np.int64)[write_val[made]]
 
   def at(self, k: int, skip: Iterable[int]) -> int | None:
     """The trigger for a consumer at position k, never one of `skip`."""
-    if not self.values:
+    if not len(self.values):
       return None
     depth = np.where((self.born < k) & (self.last_read >= k), self.depth, -1)
-    depth[[self.index[v] for v in skip if v in self.index]] = -1
+    depth[np.isin(self.values, np.fromiter(skip, np.int64))] = -1
     j = int(np.argmax(depth))   # the first of the deepest
-    return self.values[j] if depth[j] >= 0 else None
+    return int(self.values[j]) if depth[j] >= 0 else None
 
 
-def _readers(program: Program, values: set) -> dict[int, list[int]]:
-  """The nodes that read each of `values`, in node order."""
+def _readers(program: Program, values: set[int]) -> dict[int, list[int]]:
+  """The nodes that read each of `values`, in node order (once per read)."""
+  read_node, read_val = program.reads
+  hit = np.isin(read_val, np.fromiter(values, np.int64, len(values)))
   readers: dict[int, list[int]] = {}
-  for node in program.nodes:
-    for x in node.operands:
-      if x in values:
-        readers.setdefault(x, []).append(node.index)
+  for i, x in zip(read_node[hit].tolist(), read_val[hit].tolist()):
+    readers.setdefault(x, []).append(program.nodes[i].index)
   return readers
 
 
@@ -439,10 +451,11 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   for r in regions:
     groups.setdefault(r.consumer, []).append(r)
   consumers = sorted(groups, key=position.__getitem__)
-  triggers_of = _Triggers(program, order)
+  triggers_of = _Triggers(program, order, max((position[c] for c in consumers), default=0))
   trigger_of = {c: triggers_of.at(position[c], {a for r in groups[c] for a in r.anchors}
                                   | {r.value for r in groups[c]}) for c in consumers}
-  readers = _readers(program, {r.value for r in regions} | set(trigger_of.values()))
+  readers = _readers(program, {r.value for r in regions}
+                     | {t for t in trigger_of.values() if t is not None})
   order = list(order)
   rename: dict[int, dict[int, int]] = {}   # node -> {value: the copy it reads instead}
   fenced: dict[int, int] = {}              # trigger -> its latest fenced copy
@@ -659,6 +672,7 @@ class ReplayedRounds(collections.abc.Sequence):
     return len(self._built)
 
 
+@collector.paused()
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
                 shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
                 per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:

@@ -25,10 +25,12 @@ import bisect
 import collections
 import dataclasses
 import functools
+import operator
 from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from jax_symmem._src import collector
 from jax_symmem._src import memory
 from jax_symmem._src import progress
 from jax_symmem._src.decider import Decider, DecisionCounts
@@ -108,6 +110,7 @@ def is_valid_order(program: Program, order: Sequence[int],
   return bool(np.all(pos[before] < pos[after]))
 
 
+@collector.paused()
 def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: bool = True,
              dims: Mapping[str, int] | None = None,
              shape_of_interest: Mapping[str, int] | None = None,
@@ -179,8 +182,8 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   # at this one yet leave the rounds less to evict (the small Llama's last round at
   # b=4, s=1024, modeled: 676 vs 449 MiB). The others serve round 0 where they are best.
   main = [name for name in candidates if "@" not in name]
-  trace_peaks = peaks(candidates["trace"])
   scored = {name: peaks(candidates[name]) for name in main}
+  trace_peaks = scored["trace"]
   best = min((name for name in main
               if all(a <= b for a, b in zip(scored[name], trace_peaks))),
              key=lambda name: (scored[name][0], name != "trace+sink", name != "trace"))
@@ -240,7 +243,7 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
     if profile is not None:
       pos = profile.pos
       p = int(pos[i])
-      q = int(pos[succs[0]]) if len(succs) == 1 else int(pos[succs].min())
+      q = int(min(map(pos.__getitem__, succs)))
       if q == p + 1:
         continue
       new = profile.trial(i, q)
@@ -310,16 +313,19 @@ class _Profile:
           handed.append((int(at), size[b], b))
     if len(handed) > 1:
       handed.sort()
-    step, peak, held, start = self.step, self.arguments, 0, p + 1
+    # The window's largest step after the move: the nodes between, one step earlier,
+    # then i itself.
+    step, parts, held, start = self.step, [], 0, p + 1
     for at, bytes_, _ in handed:
       if at >= start:
-        peak = max(peak, int(step[start:at + 1].max()) + held - net)
+        parts.append(int(step[start:at + 1].max()) + held - net)
         start = at + 1
       held += bytes_
     if start < q:
-      peak = max(peak, int(step[start:q].max()) + held - net)
+      parts.append(int(step[start:q].max()) + held - net)
     i_before = int(step[q]) - self.running[int(self.order[q])] - net + held
-    peak = max(peak, i_before + self.running[i])
+    window = max(i_before + self.running[i], *parts)
+    peak = max(self.arguments, window)
     top = self._top
     if not p <= top < q:          # the max lies outside the window: nothing else can beat it
       peak = max(peak, int(step[top]))
@@ -328,12 +334,12 @@ class _Profile:
         peak = max(peak, int(step[:p].max()))
       if q < len(step):
         peak = max(peak, int(step[q:].max()))
-    self._pending = (i, p, q, net, handed, i_before)
+    self._pending = (i, p, q, net, handed, i_before, window)
     return peak
 
   def accept(self):
     """Applies the last trial move."""
-    i, p, q, net, handed, i_before = self._pending
+    i, p, q, net, handed, i_before, window = self._pending
     step, order = self.step, self.order
     if net:
       np.subtract(step[p + 1:q], net, out=step[p:q - 1])
@@ -344,10 +350,8 @@ class _Profile:
     step[q - 1] = i_before + self.running[i]
     if p <= self._top < q:
       self._top = int(step.argmax())
-    else:
-      w = p + int(step[p:q].argmax())
-      if step[w] > step[self._top]:
-        self._top = w
+    elif window > step[self._top]:
+      self._top = p + int(step[p:q].argmax())
     last, freed = self.last, self.freed
     for _, bytes_, b in handed:   # i is their last reader now
       freed[last[b]] -= bytes_
@@ -378,6 +382,14 @@ class _State:
   def own(self) -> list[list[int]]:
     """node -> the outputs that own a buffer (not aliases of an operand)."""
     return [[o for o in n.outputs if self.buffer[o] == o] for n in self.program.nodes]
+
+  @functools.cached_property
+  def read_count(self) -> collections.Counter:
+    """buffer -> how many times the nodes read it (every forward pass starts from it)."""
+    count = collections.Counter()
+    for ops in self.operands:
+      count.update(ops)
+    return count
 
   @functools.cached_property
   def readers(self) -> dict[int, list[int]]:
@@ -427,10 +439,15 @@ class _NetBytes:
     self._ids: dict[Poly, int] = {}
     self._sizes: list[Poly] = []
     self._net: dict[tuple, Poly] = {}
+    self._keys: dict[tuple, tuple] = {}    # (allocated, freed) buffers -> key
 
   def key(self, allocated, freed) -> tuple:
-    return (tuple(sorted(map(self._size_of, allocated))),
-            tuple(sorted(map(self._size_of, freed))))
+    buffers = (tuple(allocated), tuple(freed))
+    key = self._keys.get(buffers)
+    if key is None:
+      key = self._keys[buffers] = (tuple(sorted(map(self._size_of, allocated))),
+                                   tuple(sorted(map(self._size_of, freed))))
+    return key
 
   def _size_of(self, b: int) -> int:
     k = self._size_id.get(b)
@@ -498,14 +515,18 @@ class _Chooser:
     """
     self.choices += 1
     best = ready.first()
-    if len(ready) == 1:
+    if len(ready.impact_of) == 1:
       return best
     bisect_right = bisect.bisect_right
     outcomes: dict[str | None, int] = {}
-    best_key, best_impact = ready.key(best), ready.impact_of[best]
-    # Per group: [impact, sorted keys, how many of them come before or at the best]
-    # (the best is the most preferred node at first: none of the others' keys precede it).
-    scan = [[impact, keys, int(impact == best_impact)] for impact, keys in ready.groups.items()]
+    best_key, best_impact = ready.sign * best, ready.impact_of[best]
+    # Per group with nodes after the best: [impact, sorted keys, how many of them come
+    # before or at the best] (at first, the best is the most preferred node).
+    scan = []
+    for impact, keys in ready.groups.items():
+      k = int(impact == best_impact)
+      if k < len(keys):
+        scan.append([impact, keys, k])
     while True:
       row = self._beats.get(best_impact)
       if row is None:
@@ -515,29 +536,40 @@ class _Chooser:
         verdict = row.get(impact)
         if verdict is None:
           verdict = row[impact] = self._beat(impact, best_impact)
-        if verdict[1] and k < len(keys) and (next_key is None or keys[k] < next_key):
+        if verdict[1] and (next_key is None or keys[k] < next_key):
           next_key = keys[k]
-      # The nodes after the best up to the next best (or the end) meet the best.
+      if next_key is None:   # nothing after the best beats it: all the rest meet it
+        for impact, keys, k in scan:
+          outcome = row[impact][0]
+          outcomes[outcome] = outcomes.get(outcome, 0) + len(keys) - k
+        break
+      # The nodes after the best up to the next best meet the best; a group whose
+      # nodes all come before the next best drops out of the scan.
+      left = []
       for entry in scan:
         impact, keys, k = entry
-        hi = len(keys) if next_key is None else bisect_right(keys, next_key, k)
-        if hi > k:
-          outcome = row[impact][0]
-          outcomes[outcome] = outcomes.get(outcome, 0) + hi - k
+        if keys[k] > next_key:
+          left.append(entry)
+          continue
+        hi = bisect_right(keys, next_key, k)
+        outcome = row[impact][0]
+        outcomes[outcome] = outcomes.get(outcome, 0) + hi - k
+        if hi < len(keys):
           entry[2] = hi
-      if next_key is None:
-        break
+          left.append(entry)
+      scan = left
       best_key = next_key
-      best_impact = ready.impact_of[ready.node(best_key)]
+      best_impact = ready.impact_of[ready.sign * best_key]
     self.decider.count(outcomes)
-    return ready.node(best_key)
+    return ready.sign * best_key
 
 
 class _Ready:
   """The ready nodes, grouped by impact (`impact(i)`, computed when a node becomes
   ready); each group's preference keys sorted.
 
-  Forward passes prefer low node indices, backward passes high ones (key -i).
+  Forward passes prefer low node indices, backward passes high ones: node i's key is
+  `sign * i` (sign -1 for a backward pass), and the lowest key is the most preferred.
   A waiting node's impact may change when another node is placed: `stale(i)`
   marks it, and it is recomputed and regrouped before the next pick.
   """
@@ -548,23 +580,14 @@ class _Ready:
     self.impact_of: dict[int, int] = {}
     self._stale: set[int] = set()
 
-  def __len__(self) -> int:
-    return len(self.impact_of)
-
-  def key(self, i: int) -> int:
-    return self.sign * i
-
-  def node(self, key: int) -> int:
-    return self.sign * key
-
   def add(self, i: int) -> None:
     impact = self.impact_of[i] = self.impact(i)
-    bisect.insort(self.groups.setdefault(impact, []), self.key(i))
+    bisect.insort(self.groups.setdefault(impact, []), self.sign * i)
 
   def remove(self, i: int) -> None:
     impact = self.impact_of.pop(i)
     keys = self.groups[impact]
-    del keys[bisect.bisect_left(keys, self.key(i))]
+    del keys[bisect.bisect_left(keys, self.sign * i)]
     if not keys:
       del self.groups[impact]
 
@@ -578,7 +601,7 @@ class _Ready:
       self.remove(i)
       self.add(i)
     self._stale.clear()
-    return self.node(min(keys[0] for keys in self.groups.values()))
+    return self.sign * min(map(operator.itemgetter(0), self.groups.values()))
 
 
 def _better(decision, count: int, best_count: int) -> bool:
@@ -603,7 +626,7 @@ def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], int],
     if w == 0:
       ready.add(i)
   order = []
-  while len(ready):
+  while ready.impact_of:
     best = chooser.pick(ready)
     order.append(best)
     ready.remove(best)
@@ -619,9 +642,7 @@ def _list_pass(state: _State, chooser: _Chooser, impact: Callable[[int], int],
 
 def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
   """Place, first to last, the ready node that allocates least net of what it frees."""
-  remaining = collections.Counter()
-  for ops in state.operands:
-    remaining.update(ops)
+  remaining = collections.Counter(state.read_count)
   keep = state.held | state.outputs
 
   def impact(i):
@@ -630,10 +651,9 @@ def _forward(state: _State, chooser: _Chooser) -> tuple[int, ...]:
     return chooser.impact(new, ending)
 
   def placed(best, ready):
-    remaining.subtract(state.operands[best])
-    for b in state.operands[best]:     # a buffer's last reader now ends it: its impact drops
-      left = remaining[b]
-      if left:
+    for b, k in state.operands[best].items():
+      left = remaining[b] = remaining[b] - k
+      if left:                         # a buffer's last reader now ends it: its impact drops
         for r in state.readers[b]:
           if state.operands[r][b] == left:
             ready.stale(r)

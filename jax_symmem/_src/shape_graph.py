@@ -251,15 +251,17 @@ class ShapeGraph:
       while len(self._bytes_at) >= _BYTES_AT_SHAPES:
         self._bytes_at.pop(next(iter(self._bytes_at)))
     self._bytes_at[key] = known
-    evaluated: dict[Poly, int] = {}
+    # id of a value's bytes as described (values of one aval share the object: a Poly's
+    # hash is a Python call) -> those bytes at env
+    evaluated: dict[int, int] = {}
     out = {}
     for v in values:
       x = known.get(v)
       if x is None:
-        p = self.bytes(v)
+        p = id(self.values[v].bytes)
         x = evaluated.get(p)
         if x is None:
-          x = evaluated[p] = p.evaluate(env)
+          x = evaluated[p] = self.bytes(v).evaluate(env)
         known[v] = x
       out[v] = x
     return out

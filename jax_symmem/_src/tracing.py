@@ -31,6 +31,7 @@ from jax._src import core as _jax_core
 from jax._src import source_info_util
 
 from jax_symmem._src import compare as compare_lib
+from jax_symmem._src import collector
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
 from jax_symmem._src.errors import ConstraintError, ShapeError, ShapeSpecError, TracingError
@@ -661,6 +662,7 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
       if getattr(x, "weak_type", False) else spec, specs, args)
 
 
+@collector.paused()
 def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
           save_everything: bool = False) -> TracedProgram:
   """Traces `fun` once with symbolic dimensions.
