@@ -74,18 +74,12 @@ class Program:
   def reads(self) -> tuple[np.ndarray, np.ndarray]:
     """(node index, value id) of every operand read, in node order, repeats kept: the
     planner's per-round tables of a program are built from these with numpy."""
-    operands = [n.operands for n in self.nodes]
-    node_of = np.repeat(np.arange(len(operands), dtype=np.int64),
-                        np.fromiter(map(len, operands), np.int64, len(operands)))
-    return node_of, np.fromiter(itertools.chain.from_iterable(operands), np.int64, len(node_of))
+    return _per_node_table([n.operands for n in self.nodes])
 
   @functools.cached_property
   def writes(self) -> tuple[np.ndarray, np.ndarray]:
     """(node index, value id) of every node output, in node order."""
-    outputs = [n.outputs for n in self.nodes]
-    node_of = np.repeat(np.arange(len(outputs), dtype=np.int64),
-                        np.fromiter(map(len, outputs), np.int64, len(outputs)))
-    return node_of, np.fromiter(itertools.chain.from_iterable(outputs), np.int64, len(node_of))
+    return _per_node_table([n.outputs for n in self.nodes])
 
   @functools.cached_property
   def control_flow(self) -> tuple[Node, ...]:
@@ -104,6 +98,14 @@ class Program:
     values start above it."""
     return max(max(self.inputs, default=-1), int(self.writes[1].max(initial=-1)),
                *(sub.max_id() for n in self.control_flow for sub in n.subprograms))
+
+
+def _per_node_table(ids_per_node: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
+  """(node index, value id) arrays of every id listed per node, in node order."""
+  node_of = np.repeat(np.arange(len(ids_per_node), dtype=np.int64),
+                      np.fromiter(map(len, ids_per_node), np.int64, len(ids_per_node)))
+  ids = np.fromiter(itertools.chain.from_iterable(ids_per_node), np.int64, len(node_of))
+  return node_of, ids
 
 
 def source_label(source: str, primitive: str = "") -> str:

@@ -19,7 +19,6 @@ skipped with probability p, drawn per layer from the "layerdrop" RNG stream unde
 from __future__ import annotations
 
 import dataclasses
-
 from typing import Callable
 
 import flax.linen as nn
