@@ -246,6 +246,38 @@ def test_gpt2_max_len_cannot_exceed_the_position_table():
     gpt2.make_train_step(gpt2.PRESETS["tiny"], max_len=10**4)
 
 
+@pytest.mark.slow
+def test_gpt2_layer_drop_step_under_a_tight_budget_matches_jax_jit_with_the_same_options():
+  # The LayerDrop example (each layer under nn.cond on its own draw): its rounds evict
+  # from the forward/backward cond pairs, and the budgeted step computes what jax.jit
+  # compiled with the same options computes, for draws that keep and that skip layers.
+  from jax_symmem._src import jit as jit_lib
+  from jax_symmem._src import loop_remat
+  cfg = gpt2.GPT2Config(vocab=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
+  fn = gpt2.layer_drop_train_step_fn(gpt2.GPT2(cfg, layer_drop=0.5))
+  state = gpt2.init_state(cfg)
+  tokens, mask = gpt2.example_batch(cfg, 4, 64)
+  shapes, constraints = (None, "b, s", "b, s", None), llama.step_constraints(MAX_LEN, MAX_BATCH)
+  key = jax.random.key(0)
+  analysis = symmem.analyze(fn, state, tokens, mask, key, polymorphic_shapes=shapes,
+                            constraints=constraints)
+  assert len(loop_remat.cond_pairs(analysis.traced.program)) == cfg.n_layers
+  budget = budgets.tight_budget(analysis, {"b": 4, "s": 64}, (state, tokens, mask, key))
+  step = symmem.jit(fn, polymorphic_shapes=shapes, constraints=constraints, memory_budget=budget)
+  options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
+             else jit_lib.GPU_COMPILER_OPTIONS)
+  ref = jax.jit(fn).lower(state, tokens, mask, key).compile(compiler_options=options)
+  losses = set()
+  for seed in range(4):   # other draws skip other layers: both branches of each cond run
+    key = jax.random.key(seed)
+    with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+      got = step(state, tokens, mask, key)
+    assert step.last_call["round"] > 0 and step.cache_info()["fallback_calls"] == 0
+    _assert_tree_close(got, ref(state, tokens, mask, key))
+    losses.add(float(got[1]))
+  assert len(losses) > 1   # the draws did differ
+
+
 def test_bucketing_groups_pads_and_bounds_the_shapes():
   rng = np.random.default_rng(0)
   lengths = rng.integers(3, 300, 101)
