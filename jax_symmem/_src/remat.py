@@ -674,7 +674,8 @@ class ReplayedRounds(collections.abc.Sequence):
 
 @collector.paused()
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
-                shape_of_interest: Mapping[str, int] | None = None, max_rounds: int = 24,
+                shape_of_interest: Mapping[str, int] | None = None,
+                later_shapes: Sequence[Mapping[str, int]] | None = None, max_rounds: int = 24,
                 per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:
   """Repeatedly evicts the best-ranked regions across the current peak, as the paper does.
 
@@ -686,34 +687,54 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   many of them weight-sized, and four at a time left a 4-layer GPT-2 with
   LayerDrop far from per-layer checkpointing after `max_rounds` rounds. Stops
   when no region is left or the peak at the shape of interest has not improved
-  for `patience` rounds. Round k is a complete program: at run time, the
-  smallest k that fits the budget is dispatched.
+  for `patience` rounds; then goes on, within `max_rounds` in all, at each of
+  `later_shapes` in turn (default: planned for every shape, i.e. without a
+  `shape_of_interest`, the dims' midpoint and then the geometric mean of their
+  bounds). A peak at a smaller shape can hold values the largest shape's peak
+  never spans (a GPT-2's b*s MLP activations, where at the longest sequence the
+  b*s^2 attention probabilities decide), and the rounds are a ladder for every
+  shape the step sees. Round k is a complete program: at run time, the smallest
+  k that fits the budget is dispatched.
   """
   tight = dict(shape_of_interest or graph.max_dims())
-  env = graph.constraints.complete(tight)
+  if later_shapes is None:
+    later_shapes = [] if shape_of_interest else _smaller_shapes(graph, tight)
   rounds = [first_round(graph, order)]
-  node_flops = NodeFlops(env)
   counts = DecisionCounts()
-  best, stale = rounds[0].peak_at(tight), 0
-  for k in range(max_rounds):
-    progress.update("remat round", k + 1, max_rounds, at_most=True, peak=best)
-    last = rounds[-1]
-    p = plan(last.graph, last.order, program=last.program, shape_of_interest=tight,
-             loops=last.loops, node_flops=node_flops)
-    counts += p.counts
-    chosen: list[Region] = []
-    saved, step = 0, best // max_rounds
-    for r in p.regions:
-      if compatible(chosen, r):
-        chosen.append(r)
-        saved += r.saved.evaluate(env)
-      if len(chosen) >= per_round and saved >= step:
+  for at in [tight, *map(dict, later_shapes)]:
+    env = graph.constraints.complete(at)
+    node_flops = NodeFlops(env)
+    best, stale = rounds[-1].peak_at(at), 0
+    while len(rounds) <= max_rounds:
+      progress.update("remat round", len(rounds), max_rounds, at_most=True, peak=best)
+      last = rounds[-1]
+      p = plan(last.graph, last.order, program=last.program, shape_of_interest=at,
+               loops=last.loops, node_flops=node_flops)
+      counts += p.counts
+      chosen: list[Region] = []
+      saved, step = 0, best // max_rounds
+      for r in p.regions:
+        if compatible(chosen, r):
+          chosen.append(r)
+          saved += r.saved.evaluate(env)
+        if len(chosen) >= per_round and saved >= step:
+          break
+      if not chosen:
         break
-    if not chosen:
-      break
-    rounds.append(apply_round(last, chosen))
-    peak = rounds[-1].peak_at(tight)
-    best, stale = (peak, 0) if peak < best else (best, stale + 1)
-    if stale >= patience:
-      break
+      rounds.append(apply_round(last, chosen))
+      peak = rounds[-1].peak_at(at)
+      best, stale = (peak, 0) if peak < best else (best, stale + 1)
+      if stale >= patience:
+        break
   return tuple(rounds), dict(counts.as_dict(), rounds=len(rounds) - 1)
+
+
+def _smaller_shapes(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
+  """The allowed dims at the midpoint and at the geometric mean of their bounds."""
+  out = []
+  for level in ("mid", "geo"):
+    env = graph.constraints.complete(schedule_lib.bounds_level(graph, tight, level))
+    if env != graph.constraints.complete(tight) and env not in out and \
+        graph.constraints.violation(env) is None:
+      out.append(env)
+  return out

@@ -193,6 +193,16 @@ def schedule(graph: ShapeGraph, program: Program | None = None, *, symbolic: boo
   return Schedule(candidates[best], mode, stats, best, candidates, passes)
 
 
+def bounds_level(graph: ShapeGraph, tight: Mapping[str, int], level: str) -> dict[str, int]:
+  """Every bounded dim at its lower bound ("lo"), the geometric mean of its bounds
+  ("geo") or their midpoint ("mid"); an unbounded one's top is its value in `tight`."""
+  env = {}
+  for v, lo, hi in graph.constraints.bounds:
+    hi = tight.get(v, lo) if hi is None else hi
+    env[v] = {"lo": lo, "geo": max(lo, round((lo * hi) ** 0.5)), "mid": (lo + hi) // 2}[level]
+  return env
+
+
 def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
   """The main shape of interest; every bounded dim at its lower bound, geometric mean and
   midpoint together (lengths spread over orders of magnitude); then each dim at its
@@ -204,11 +214,7 @@ def _points_of_interest(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dic
     if graph.constraints.violation(env) is None and env not in points:
       points.append(env)
   for level in ("lo", "geo", "mid"):
-    env = {}
-    for v, lo, hi in graph.constraints.bounds:
-      hi = tight.get(v, lo) if hi is None else hi
-      env[v] = {"lo": lo, "geo": max(lo, round((lo * hi) ** 0.5)), "mid": (lo + hi) // 2}[level]
-    add(env)
+    add(bounds_level(graph, tight, level))
   for top in graph.constraints.bounds:
     add({v: tight.get(v, lo) if v == top[0] else lo for v, lo, _ in graph.constraints.bounds})
   return points
