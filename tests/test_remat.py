@@ -65,6 +65,18 @@ def test_rounds_lower_the_modeled_peak_where_it_was_planned():
   assert "round 1" in a.plan and "evict" in a.plan
 
 
+
+def test_rounds_go_on_at_smaller_shapes_once_the_largest_runs_out():
+  # A peak at a smaller shape spans values the largest shape's peak does not: the rounds
+  # planned there, after the largest dims' rounds (unchanged), lower the floor there.
+  a = _analysis()
+  main_only, _ = remat.plan_rounds(a.graph, a.rounds[0].order, later_shapes=[])
+  assert len(a.rounds) > len(main_only)
+  assert [r.regions for r in a.rounds[:len(main_only)]] == [r.regions for r in main_only]
+  mid = {"b": 2, "s": 65}   # the midpoint of b <= 4, 2 <= s <= 128
+  assert mid in remat._smaller_shapes(a.graph, a.graph.max_dims())
+  assert (min(r.peak_at(mid) for r in a.rounds) < min(r.peak_at(mid) for r in main_only))
+
 def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():
   a = _analysis()
   dims = a.graph.max_dims()
