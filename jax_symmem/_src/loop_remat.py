@@ -436,7 +436,7 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
   f_operands, b_inputs = list(state.forward_operands), list(state.backward_operands)
 
   def forward_branch(br):
-    return lambda *ops: tracing.eval_jaxpr(br.jaxpr, br.consts, ops, wanted=kept)
+    return lambda evaluate, *ops: evaluate(br.jaxpr, br.consts, ops, wanted=kept)
 
   new_f, sub = tracing.node_from_function(
       _cond_function(f.primitive, [forward_branch(br) for br in f_branches]),
@@ -452,17 +452,17 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
 
   def backward_branch(i):
     fb, bb, sources = f_branches[i], b_branches[i], replay.sources[i]
-    def run(*ops):
+    def run(evaluate, *ops):
       values = dict(zip(kept_at, ops[:len(kept_at)]))
       f_args = [None] * len(fb.jaxpr.invars)
       for k, a in zip(passed, ops[len(kept_at):]):
         f_args[k] = a
       for k, m in sources.items():   # an input that a kept residual forwards here
         f_args[k] = values[state.links[m][0]]
-      regen = dict(zip(evicted_list, tracing.eval_jaxpr(fb.jaxpr, fb.consts, f_args,
-                                                        wanted=evicted_list)))
+      regen = dict(zip(evicted_list, evaluate(fb.jaxpr, fb.consts, f_args,
+                                              wanted=evicted_list)))
       values.update({k: regen[j] for k, j in evicted_at.items()})
-      return tracing.eval_jaxpr(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
+      return evaluate(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
     return run
 
   new_b, sub = tracing.node_from_function(
@@ -477,11 +477,12 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
 
 def _cond_function(cond_primitive, branch_functions):
   """`(index, *operands) -> outputs` binding `cond_primitive` (the traced cond's own) on
-  branches traced from `branch_functions`: exactly one node, as `lax.switch` (which
-  clamps the index first) would not give."""
+  branches built from `branch_functions` (`g(evaluate, *operands)`, computing only with
+  `evaluate`: `tracing.splice_jaxpr` copies the equations it evaluates): exactly one
+  node, as `lax.switch` (which clamps the index first) would not give."""
   def fun(index, *operands):
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands]
-    branches = tuple(jax.make_jaxpr(g)(*specs) for g in branch_functions)
+    avals = [x.aval for x in operands]
+    branches = tuple(tracing.splice_jaxpr(g, avals) for g in branch_functions)
     return cond_primitive.bind(index, *operands, branches=branches)
   return fun
 

@@ -333,6 +333,47 @@ def read_inputs(jaxpr, wanted: Sequence[int]) -> frozenset[int]:
   return frozenset(k for k, v in enumerate(jaxpr.invars) if v in needed)
 
 
+class _Splice:
+  """`eval_jaxpr` over jaxpr variables instead of tracers: copies the equations the
+  wanted outputs depend on (with fresh output variables) into one new jaxpr."""
+
+  def __init__(self):
+    self.eqns: list = []
+    self.constvars: list = []
+    self.consts: list = []
+
+  def __call__(self, jaxpr, consts: Sequence[Any], args: Sequence[Any],
+               wanted: Sequence[int] | None = None) -> list[Any]:
+    outvars = jaxpr.outvars if wanted is None else [jaxpr.outvars[k] for k in wanted]
+    eqns, needed = _live_equations(jaxpr, outvars)
+    env = dict(zip(jaxpr.invars, args))
+    for v, c in zip(jaxpr.constvars, consts):
+      if v in needed:   # as tracing would: only the constants an equation binds
+        env[v] = jcore.Var(v.aval)
+        self.constvars.append(env[v])
+        self.consts.append(c)
+    read = lambda v: v if isinstance(v, jcore.Literal) else env[v]
+    for eqn in reversed(eqns):
+      outs = [v if isinstance(v, jcore.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
+      self.eqns.append(eqn.replace(invars=[read(v) for v in eqn.invars], outvars=outs))
+      env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in outvars]
+
+
+def splice_jaxpr(fun: Callable, avals: Sequence[Any]) -> jcore.ClosedJaxpr:
+  """The closed jaxpr of `fun(evaluate, *args)` on arguments of `avals`, where `fun`
+  computes only through `evaluate` (`eval_jaxpr`'s signature, on existing jaxprs):
+  their equations are copied, not bound again. `jax.make_jaxpr` would give the same
+  equations, but re-tracing a layer's branches took most of a cond rewrite's time."""
+  splice = _Splice()
+  invars = [jcore.Var(a) for a in avals]
+  outvars = list(fun(splice, *invars))
+  effects = _jax_core.join_effects(*(eqn.effects for eqn in splice.eqns))
+  debug = jcore.DebugInfo("splice_jaxpr", getattr(fun, "__name__", "<unknown>"), None, None)
+  return jcore.ClosedJaxpr(jcore.Jaxpr(splice.constvars, invars, outvars, splice.eqns, effects,
+                                       debug), splice.consts)
+
+
 def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
                        ) -> tuple[Node, Program]:
   """The single node that tracing `fun(*operands)` produces (e.g. one `lax.scan`) and
