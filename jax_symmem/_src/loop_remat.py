@@ -36,12 +36,11 @@ import dataclasses
 import weakref
 from typing import Callable, Mapping, Sequence
 
-import jax
 from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops, scan_length
 from jax_symmem._src import tracing
-from jax_symmem._src.poly import ZERO, Poly
+from jax_symmem._src.poly import ZERO, Poly, total
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program, source_label
 
@@ -373,15 +372,6 @@ def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
   return _CondReplay(tuple(nodes), tuple(sources), frozenset(passed))
 
 
-def _flops_sum(graph: ShapeGraph, nodes) -> Poly:
-  """The sum of `_flops` over `nodes`, added up once (Poly addition sorts its terms)."""
-  total: dict = {}
-  for node in nodes:
-    for m, c in _flops(graph, node).terms:
-      total[m] = total.get(m, 0) + c
-  return Poly.from_dict(total)
-
-
 def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
   f = state.forward
   parts = _cond_parts(state)
@@ -404,9 +394,8 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
       continue
     # Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond),
     # beyond what the evictions so far replay already.
-    cost = _flops_sum(graph, (branch.nodes[i] for branch, now, before
-                              in zip(f.subprograms, replay.nodes, base.nodes)
-                              for i in now - before))
+    cost = total(_flops(graph, branch.nodes[i]) for branch, now, before
+                 in zip(f.subprograms, replay.nodes, base.nodes) for i in now - before)
     out.append(LoopEviction(fi, j, f.outputs[j], saved, cost, _cond_source(f, j)))
   return out
 
@@ -438,9 +427,8 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
   def forward_branch(br):
     return lambda evaluate, *ops: evaluate(br.jaxpr, br.consts, ops, wanted=kept)
 
-  new_f, sub = tracing.node_from_function(
-      _cond_function(f.primitive, [forward_branch(br) for br in f_branches]),
-      [_aval(program, x) for x in f_operands], next_id)
+  new_f, sub = _cond_node(program, f, [forward_branch(br) for br in f_branches], f_operands,
+                          next_id)
   next_id = sub.max_id() + 1
   new_f, forwarded = _rebind(new_f, sub, f_operands, [f.outputs[j] for j in kept], f.index)
   b_inputs = [_renamed(x, forwarded) for x in b_inputs]
@@ -465,9 +453,8 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
       return evaluate(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
     return run
 
-  new_b, sub = tracing.node_from_function(
-      _cond_function(b.primitive, [backward_branch(i) for i in range(len(b_branches))]),
-      [_aval(program, x) for x in b_operands], next_id)
+  new_b, sub = _cond_node(program, b, [backward_branch(i) for i in range(len(b_branches))],
+                          b_operands, next_id)
   new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
   forwarded.update(b_forwarded)
   return (replace_nodes(program, {f.index: new_f, b.index: new_b}, forwarded, dict(program.avals)),
@@ -475,16 +462,15 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
               _renamed(x, forwarded) for x in state.backward_operands)))
 
 
-def _cond_function(cond_primitive, branch_functions):
-  """`(index, *operands) -> outputs` binding `cond_primitive` (the traced cond's own) on
-  branches built from `branch_functions` (`g(evaluate, *operands)`, computing only with
-  `evaluate`: `tracing.splice_jaxpr` copies the equations it evaluates): exactly one
-  node, as `lax.switch` (which clamps the index first) would not give."""
-  def fun(index, *operands):
-    avals = [x.aval for x in operands]
-    branches = tuple(tracing.splice_jaxpr(g, avals) for g in branch_functions)
-    return cond_primitive.bind(index, *operands, branches=branches)
-  return fun
+def _cond_node(program: Program, cond: Node, branch_functions, operands, start: int):
+  """(node, its one-node program) binding the traced cond's own primitive on `operands`
+  (index first) and branches built from `branch_functions` (`g(evaluate, *operands)`,
+  computing only with `evaluate`: `tracing.splice_jaxpr` copies the equations it
+  evaluates): exactly one node, as `lax.switch` (which clamps the index first) would
+  not give."""
+  avals = [_aval(program, x) for x in operands]
+  branches = tuple(tracing.splice_jaxpr(g, avals[1:]) for g in branch_functions)
+  return tracing.node_from_primitive(cond.primitive, avals, {"branches": branches}, start)
 
 
 def _source_of(scan: Node, j: int) -> str:
