@@ -353,7 +353,11 @@ class _Splice:
         env[v] = jcore.Var(v.aval)
         self.constvars.append(env[v])
         self.consts.append(c)
-    read = lambda v: v if isinstance(v, jcore.Literal) else env[v]
+    def read(v):
+      x = v if isinstance(v, jcore.Literal) else env[v]
+      if x is None:   # eval_jaxpr would fail binding it; a jaxpr would not
+        raise ValueError("an input the wanted outputs read was not given")
+      return x
     for eqn in reversed(eqns):
       outs = [v if isinstance(v, jcore.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
       self.eqns.append(eqn.replace(invars=[read(v) for v in eqn.invars], outvars=outs))
