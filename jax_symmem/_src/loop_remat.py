@@ -24,7 +24,8 @@ index that reads them. A cond residual is evicted the same way: the forward cond
 stops outputting it, and each branch of the backward cond first replays the same
 branch of the forward cond, from the forward operands, or from a residual that
 forwards one unchanged in that branch (AD saves a layer's input that way).
-Evicting all but those is per-layer checkpointing of the gated layer.
+Evicting all but those is per-layer checkpointing of the gated layer. The rewritten
+branches copy the traced branches' equations (`tracing.splice_jaxpr`), not re-trace them.
 
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
