@@ -343,3 +343,67 @@ def test_model_of_gated_rounds_equals_running_the_branches_op_by_op():
     modeled = memory.profile(r.graph, r.program, order)
     assert modeled.live_bytes(**dims) == live, k
     assert modeled.live_bytes(include_transients=False, **dims) != live, k   # branches counted
+
+
+def _walked_cond_replay(state, evicted):
+  """A cond replay walked for the whole set at once (what `_cond_replay` composes from
+  each output's walk, cached per traced cond)."""
+  nodes, sources, passed = [], [], set()
+  for branch, jaxpr in zip(state.forward.subprograms, state.forward.params["branches"]):
+    needed = tracing.read_inputs(jaxpr.jaxpr, sorted(evicted))
+    forwards = {}
+    for m in sorted(state.links):
+      v = branch.outputs[m]
+      if m not in evicted and not isinstance(v, ir.Const) and v in branch.inputs:
+        forwards.setdefault(branch.inputs.index(v), m)
+    nodes.append(loop_remat._needs(branch, sorted(evicted))[0])
+    sources.append({k: forwards[k] for k in needed if k in forwards})
+    passed |= {k for k in needed if k not in forwards}
+  return loop_remat._CondReplay(tuple(nodes), tuple(sources), frozenset(passed))
+
+
+def test_a_cond_replay_is_the_union_of_its_outputs_replays():
+  program = _gated_analysis(2).traced.program
+  rng = np.random.RandomState(0)
+  for state in loop_remat.cond_pairs(program).values():
+    links = sorted(state.links)
+    for size in (0, 1, 2, len(links) // 2, len(links)):
+      evicted = frozenset(rng.choice(links, size, replace=False).tolist())
+      assert loop_remat._cond_replay(state, evicted) == _walked_cond_replay(state, evicted)
+
+
+def _gated_variant_analysis(scaled):
+  """`_gated_analysis(2)`, with each branch's input `scaled` first where asked: the same
+  conds at the same places, with as many outputs, one more node in each branch."""
+  def loss(ws, x, key):
+    for (w1, w2), k in zip(ws, jax.random.split(key, 2)):
+      def branch(h, w1=w1, w2=w2):
+        g = h * 1.5 if scaled else h
+        return h + jax.nn.gelu(jnp.tanh(g @ w1) @ w2) / 0.7
+      x = jax.lax.cond(jax.random.bernoulli(k, 0.7), branch, lambda h: h, x)
+    return jnp.mean(x ** 2)
+  return symmem.analyze(jax.value_and_grad(loss), *_gated_args(2, 2, 8),
+                        polymorphic_shapes=(None, "b, s, _", None),
+                        constraints=("s <= 128", "b <= 4"))
+
+
+def test_cond_replays_are_not_reused_across_programs_whose_branches_differ():
+  # Each forward cond's per-output replays are cached (by node) across rounds: a program
+  # planned after another of the same layout must be priced and planned from its own.
+  def costs(analysis):
+    env = analysis.graph.constraints.complete({"b": 4, "s": 128})
+    pairs = loop_remat.cond_pairs(analysis.traced.program)
+    return {(e.forward, e.output): e.cost
+            for e in loop_remat.candidates(analysis.graph, pairs, env)}
+
+  def rounds(analysis):
+    return [(r.order, [(n.name, n.inputs, n.outputs) for n in r.program.nodes])
+            for r in analysis.rounds]
+
+  plain = _gated_variant_analysis(False)
+  scaled = _gated_variant_analysis(True)
+  after_plain = costs(scaled), rounds(scaled)
+  loop_remat._COND_PARTS.clear()
+  fresh = _gated_variant_analysis(True)
+  assert after_plain == (costs(fresh), rounds(fresh))
+  assert after_plain[0] != costs(plain)

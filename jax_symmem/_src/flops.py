@@ -6,7 +6,7 @@ import functools
 from typing import Callable, Sequence
 
 from jax_symmem._src import jax_dims
-from jax_symmem._src.poly import ZERO, Poly, product
+from jax_symmem._src.poly import ZERO, Poly, product, total
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node
 
@@ -38,7 +38,7 @@ FLOP_RULES: dict[str, Callable[..., Poly]] = {
 def flops(graph: ShapeGraph, node: Node) -> Poly:
   if node.subprograms:   # control flow: its bodies' FLOPs (a scan's times its length,
     # which is a symbolic dim when the loop runs over one, e.g. microbatches "m")
-    body = sum((flops(graph, n) for sub in node.subprograms for n in sub.nodes), ZERO)
+    body = total(flops(graph, n) for sub in node.subprograms for n in sub.nodes)
     return scan_length(node) * body if node.name == "scan" else body
   ins = [graph.values[x].dims if not isinstance(x, Const) else () for x in node.inputs]
   outs = [graph.values[o].dims for o in node.outputs]

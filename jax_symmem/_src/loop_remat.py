@@ -24,7 +24,8 @@ index that reads them. A cond residual is evicted the same way: the forward cond
 stops outputting it, and each branch of the backward cond first replays the same
 branch of the forward cond, from the forward operands, or from a residual that
 forwards one unchanged in that branch (AD saves a layer's input that way).
-Evicting all but those is per-layer checkpointing of the gated layer.
+Evicting all but those is per-layer checkpointing of the gated layer. The rewritten
+branches copy the traced branches' equations (`tracing.splice_jaxpr`), not re-trace them.
 
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
@@ -33,14 +34,14 @@ original nodes), so rounds compose without nesting regenerations.
 from __future__ import annotations
 
 import dataclasses
+import weakref
 from typing import Callable, Mapping, Sequence
 
-import jax
 from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops, scan_length
 from jax_symmem._src import tracing
-from jax_symmem._src.poly import ZERO, Poly
+from jax_symmem._src.poly import ZERO, Poly, total
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program, source_label
 
@@ -310,49 +311,79 @@ class _CondReplay:
   passed: frozenset[int]                    # input positions the backward cond receives
 
 
+@dataclasses.dataclass(frozen=True)
+class _CondParts:
+  """What replaying each output of a forward cond alone needs, per branch. Both walks
+  are reachability, so a set's replay is the union of its members': each round asks
+  for a few dozen sets that differ from the last round's by a few outputs."""
+  nodes: tuple[tuple[frozenset[int], ...], ...]    # per branch, per output: node indices
+  inputs: tuple[tuple[frozenset[int], ...], ...]   # per branch, per output: input positions
+  #                                                  `tracing.eval_jaxpr` reads (an inlined
+  #                                                  call's unused operands included)
+  always: tuple[frozenset[int], ...]   # per branch: read whatever is wanted (effects')
+  replayable: tuple[bool, ...]         # per output: no branch's replay repeats an effect
+  forwards: tuple[tuple[tuple[int, int], ...], ...]   # per branch: (linked output m, input
+  #                                     position it forwards unchanged), in output order
+
+
+# The traced forward cond (a node, by identity) -> its parts, for as long as it exists:
+# `rewrite` has no graph to keep them in, and the traced pair is rewritten every round.
+_COND_PARTS: "weakref.WeakKeyDictionary[Node, dict]" = weakref.WeakKeyDictionary()
+
+
+def _cond_parts(state: LoopState) -> _CondParts:
+  f = state.forward
+  links = tuple(sorted(state.links))
+  known = _COND_PARTS.setdefault(f, {})
+  if links not in known:
+    known[links] = _make_cond_parts(f, links)
+  return known[links]
+
+
+def _make_cond_parts(f: Node, links: tuple[int, ...]) -> _CondParts:
+  outputs = range(len(f.outputs))
+  nodes, inputs, always, forwards = [], [], [], []
+  for branch, jaxpr in zip(f.subprograms, f.params["branches"]):
+    nodes.append(tuple(_needs(branch, [j])[0] for j in outputs))
+    inputs.append(tuple(tracing.read_inputs(jaxpr.jaxpr, [j]) for j in outputs))
+    always.append(tracing.read_inputs(jaxpr.jaxpr, []))
+    position = {v: k for k, v in reversed(list(enumerate(branch.inputs)))}   # the first
+    forwards.append(tuple((m, position[branch.outputs[m]]) for m in links
+                          if not isinstance(branch.outputs[m], Const)
+                          and branch.outputs[m] in position))
+  replayable = tuple(all(not b.nodes[i].effects and b.nodes[i].name not in NOT_REPLAYABLE
+                         for b, per_output in zip(f.subprograms, nodes) for i in per_output[j])
+                     for j in outputs)
+  return _CondParts(tuple(nodes), tuple(inputs), tuple(always), replayable, tuple(forwards))
+
+
 def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
+  parts = _cond_parts(state)
   nodes, sources, passed = [], [], set()
-  for branch, jaxpr in zip(state.forward.subprograms, state.forward.params["branches"]):
-    needed_nodes, _ = _needs(branch, sorted(evicted))
-    # The inputs the replay reads, as `tracing.eval_jaxpr` runs it (an inlined call's
-    # unused operands included), so that the rewrite passes every one of them.
-    needed_inputs = tracing.read_inputs(jaxpr.jaxpr, sorted(evicted))
-    forwards: dict[int, int] = {}
-    for m in sorted(state.links):
-      v = branch.outputs[m]
-      if m not in evicted and not isinstance(v, Const) and v in branch.inputs:
-        forwards.setdefault(branch.inputs.index(v), m)
-    nodes.append(needed_nodes)
-    sources.append({k: forwards[k] for k in needed_inputs if k in forwards})
-    passed |= {k for k in needed_inputs if k not in forwards}
+  for b, (always, forwards) in enumerate(zip(parts.always, parts.forwards)):
+    needed_inputs = always.union(*(parts.inputs[b][j] for j in evicted))
+    # The first kept residual forwarding each input: the replay reads it from there.
+    forwarded: dict[int, int] = {}
+    for m, k in forwards:
+      if m not in evicted:
+        forwarded.setdefault(k, m)
+    nodes.append(frozenset().union(*(parts.nodes[b][j] for j in evicted)))
+    sources.append({k: forwarded[k] for k in needed_inputs if k in forwarded})
+    passed |= {k for k in needed_inputs if k not in forwarded}
   return _CondReplay(tuple(nodes), tuple(sources), frozenset(passed))
-
-
-def _cond_cost(graph: ShapeGraph, state: LoopState, replay: _CondReplay) -> Poly:
-  """Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond)."""
-  return sum((_flops(graph, branch.nodes[i])
-              for branch, nodes in zip(state.forward.subprograms, replay.nodes)
-              for i in sorted(nodes)), ZERO)
 
 
 def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
   f = state.forward
-  replays = graph.node_cache("cond replays")   # each round asks again for most of them
-  def replay_of(evicted):
-    key = (f, tuple(sorted(state.links)), evicted)
-    if key not in replays:
-      replay = _cond_replay(state, evicted)
-      replays[key] = replay, _cond_cost(graph, state, replay)
-    return replays[key]
-  base, base_cost = replay_of(state.evicted)
+  parts = _cond_parts(state)
+  base = _cond_replay(state, state.evicted)
+  if not all(parts.replayable[j] for j in state.evicted):
+    return []
   out = []
   for j in sorted(state.links):
-    if j in state.evicted:
+    if j in state.evicted or not parts.replayable[j]:
       continue
-    replay, cost = replay_of(state.evicted | {j})
-    if not all(not b.nodes[i].effects and b.nodes[i].name not in NOT_REPLAYABLE
-               for b, nodes in zip(f.subprograms, replay.nodes) for i in nodes):
-      continue
+    replay = _cond_replay(state, state.evicted | {j})
     # Forward operands the backward now receives are kept alive until it runs.
     extra = ZERO
     for k in sorted(replay.passed - base.passed):
@@ -362,7 +393,11 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
     saved = graph.bytes(f.outputs[j]) - extra
     if saved.evaluate(env) <= 0:
       continue
-    out.append(LoopEviction(fi, j, f.outputs[j], saved, cost - base_cost, _cond_source(f, j)))
+    # Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond),
+    # beyond what the evictions so far replay already.
+    cost = total(_flops(graph, branch.nodes[i]) for branch, now, before
+                 in zip(f.subprograms, replay.nodes, base.nodes) for i in now - before)
+    out.append(LoopEviction(fi, j, f.outputs[j], saved, cost, _cond_source(f, j)))
   return out
 
 
@@ -391,11 +426,10 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
   f_operands, b_inputs = list(state.forward_operands), list(state.backward_operands)
 
   def forward_branch(br):
-    return lambda *ops: tracing.eval_jaxpr(br.jaxpr, br.consts, ops, wanted=kept)
+    return lambda evaluate, *ops: evaluate(br.jaxpr, br.consts, ops, wanted=kept)
 
-  new_f, sub = tracing.node_from_function(
-      _cond_function(f.primitive, [forward_branch(br) for br in f_branches]),
-      [_aval(program, x) for x in f_operands], next_id)
+  new_f, sub = _cond_node(program, f, [forward_branch(br) for br in f_branches], f_operands,
+                          next_id)
   next_id = sub.max_id() + 1
   new_f, forwarded = _rebind(new_f, sub, f_operands, [f.outputs[j] for j in kept], f.index)
   b_inputs = [_renamed(x, forwarded) for x in b_inputs]
@@ -407,22 +441,21 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
 
   def backward_branch(i):
     fb, bb, sources = f_branches[i], b_branches[i], replay.sources[i]
-    def run(*ops):
+    def run(evaluate, *ops):
       values = dict(zip(kept_at, ops[:len(kept_at)]))
       f_args = [None] * len(fb.jaxpr.invars)
       for k, a in zip(passed, ops[len(kept_at):]):
         f_args[k] = a
       for k, m in sources.items():   # an input that a kept residual forwards here
         f_args[k] = values[state.links[m][0]]
-      regen = dict(zip(evicted_list, tracing.eval_jaxpr(fb.jaxpr, fb.consts, f_args,
-                                                        wanted=evicted_list)))
+      regen = dict(zip(evicted_list, evaluate(fb.jaxpr, fb.consts, f_args,
+                                              wanted=evicted_list)))
       values.update({k: regen[j] for k, j in evicted_at.items()})
-      return tracing.eval_jaxpr(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
+      return evaluate(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
     return run
 
-  new_b, sub = tracing.node_from_function(
-      _cond_function(b.primitive, [backward_branch(i) for i in range(len(b_branches))]),
-      [_aval(program, x) for x in b_operands], next_id)
+  new_b, sub = _cond_node(program, b, [backward_branch(i) for i in range(len(b_branches))],
+                          b_operands, next_id)
   new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
   forwarded.update(b_forwarded)
   return (replace_nodes(program, {f.index: new_f, b.index: new_b}, forwarded, dict(program.avals)),
@@ -430,15 +463,15 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
               _renamed(x, forwarded) for x in state.backward_operands)))
 
 
-def _cond_function(cond_primitive, branch_functions):
-  """`(index, *operands) -> outputs` binding `cond_primitive` (the traced cond's own) on
-  branches traced from `branch_functions`: exactly one node, as `lax.switch` (which
-  clamps the index first) would not give."""
-  def fun(index, *operands):
-    specs = [jax.ShapeDtypeStruct(x.shape, x.dtype) for x in operands]
-    branches = tuple(jax.make_jaxpr(g)(*specs) for g in branch_functions)
-    return cond_primitive.bind(index, *operands, branches=branches)
-  return fun
+def _cond_node(program: Program, cond: Node, branch_functions, operands, start: int):
+  """(node, its one-node program) binding the traced cond's own primitive on `operands`
+  (index first) and branches built from `branch_functions` (`g(evaluate, *operands)`,
+  computing only with `evaluate`: `tracing.splice_jaxpr` copies the equations it
+  evaluates): exactly one node, as `lax.switch` (which clamps the index first) would
+  not give."""
+  avals = [_aval(program, x) for x in operands]
+  branches = tuple(tracing.splice_jaxpr(g, avals[1:]) for g in branch_functions)
+  return tracing.node_from_primitive(cond.primitive, avals, {"branches": branches}, start)
 
 
 def _source_of(scan: Node, j: int) -> str:

@@ -435,6 +435,16 @@ def _operation(op: str, a: PolyLike, b: PolyLike) -> Poly:
   return Poly.atom(OpAtom(op, (a, b)))
 
 
+def total(polys: Iterable[Poly]) -> Poly:
+  """`sum(polys, ZERO)`, adding the terms up once: each `+` builds and sorts a new
+  polynomial (a cond's FLOPs add up a thousand nodes' of a layer, every remat round)."""
+  out: dict[Monomial, int] = {}
+  for p in polys:
+    for m, c in p.terms:
+      out[m] = out.get(m, 0) + c
+  return Poly.from_dict(out)
+
+
 def product(polys: Iterable[PolyLike]) -> Poly:
   out = ONE
   for p in polys:

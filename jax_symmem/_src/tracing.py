@@ -24,6 +24,7 @@ import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
+from jax import api_util
 from jax import export
 import jax.extend.core as jcore
 from jax._src import ad_checkpoint as _ad_checkpoint
@@ -333,6 +334,56 @@ def read_inputs(jaxpr, wanted: Sequence[int]) -> frozenset[int]:
   return frozenset(k for k, v in enumerate(jaxpr.invars) if v in needed)
 
 
+class _Splice:
+  """`eval_jaxpr` over jaxpr variables instead of tracers: copies the equations the
+  wanted outputs depend on (with fresh output variables) into one new jaxpr."""
+
+  def __init__(self):
+    self.eqns: list = []
+    self.constvars: list = []
+    self.consts: list = []
+
+  def __call__(self, jaxpr, consts: Sequence[Any], args: Sequence[Any],
+               wanted: Sequence[int] | None = None) -> list[Any]:
+    outvars = jaxpr.outvars if wanted is None else [jaxpr.outvars[k] for k in wanted]
+    eqns, needed = _live_equations(jaxpr, outvars)
+    env = dict(zip(jaxpr.invars, args))
+    for v, c in zip(jaxpr.constvars, consts):
+      if v in needed:   # as tracing would: only the constants an equation binds
+        env[v] = jcore.Var(v.aval)
+        self.constvars.append(env[v])
+        self.consts.append(c)
+    def read(v):
+      x = v if isinstance(v, jcore.Literal) else env[v]
+      if x is None:   # eval_jaxpr would fail binding it; a jaxpr would not
+        raise ValueError("an input the wanted outputs read was not given")
+      return x
+    for eqn in reversed(eqns):
+      outs = [v if isinstance(v, jcore.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
+      self.eqns.append(eqn.replace(invars=[read(v) for v in eqn.invars], outvars=outs))
+      env.update(zip(eqn.outvars, outs))
+    return [read(v) for v in outvars]
+
+
+def splice_jaxpr(fun: Callable, avals: Sequence[Any]) -> jcore.ClosedJaxpr:
+  """The closed jaxpr of `fun(evaluate, *args)` on arguments of `avals`, where `fun`
+  computes only through `evaluate` (`eval_jaxpr`'s signature, on existing jaxprs):
+  their equations are copied, not bound again. `jax.make_jaxpr` would give the same
+  equations, but re-tracing a layer's branches took most of a cond rewrite's time."""
+  splice = _Splice()
+  invars = [jcore.Var(_operand_aval(a)) for a in avals]
+  outvars = list(fun(splice, *invars))
+  effects = _jax_core.join_effects(*(eqn.effects for eqn in splice.eqns))
+  debug = jcore.DebugInfo("splice_jaxpr", getattr(fun, "__name__", "<unknown>"), None, None)
+  return jcore.ClosedJaxpr(jcore.Jaxpr(splice.constvars, invars, outvars, splice.eqns, effects,
+                                       debug), splice.consts)
+
+
+def _operand_aval(aval):
+  """The aval tracing gives an operand of `aval`'s shape and dtype (not weakly typed)."""
+  return api_util.shaped_abstractify(jax.ShapeDtypeStruct(aval.shape, aval.dtype))
+
+
 def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
                        ) -> tuple[Node, Program]:
   """The single node that tracing `fun(*operands)` produces (e.g. one `lax.scan`) and
@@ -343,6 +394,22 @@ def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
   if len(program.nodes) != 1:
     raise TracingError(f"expected one node from {getattr(fun, '__name__', fun)}, got "
                        f"{[n.name for n in program.nodes]}")
+  return program.nodes[0], program
+
+
+def node_from_primitive(primitive, operand_avals: Sequence[Any], params: Mapping[str, Any],
+                        start: int) -> tuple[Node, Program]:
+  """`node_from_function` for a function that binds `primitive` once on its operands, with
+  `params`: the equation is built from the primitive's abstract evaluation, without
+  tracing (jax.make_jaxpr's own work was a third of a cond rewrite's time)."""
+  invars = [jcore.Var(_operand_aval(a)) for a in operand_avals]
+  out_avals, effects = primitive.abstract_eval(*(v.aval for v in invars), **params)
+  outvars = [jcore.Var(a) for a in (out_avals if primitive.multiple_results else [out_avals])]
+  eqn = jcore.new_jaxpr_eqn(invars, outvars, primitive, dict(params), effects,
+                            source_info_util.new_source_info())
+  debug = jcore.DebugInfo("node_from_primitive", primitive.name, None, None)
+  program = flatten(jcore.ClosedJaxpr(jcore.Jaxpr([], invars, outvars, [eqn], effects, debug),
+                                      []), start)
   return program.nodes[0], program
 
 
