@@ -688,8 +688,8 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   LayerDrop far from per-layer checkpointing after `max_rounds` rounds. Stops
   when no region is left or the peak at the shape of interest has not improved
   for `patience` rounds; then goes on, within `max_rounds` in all, at each of
-  `later_shapes` in turn (default: planned for every shape, i.e. without a
-  `shape_of_interest`, the dims' midpoint and then the geometric mean of their
+  `later_shapes` in turn (by default, when planning for every shape, i.e. without
+  a `shape_of_interest`: the dims' midpoint, then the geometric mean of their
   bounds). A peak at a smaller shape can hold values the largest shape's peak
   never spans (a GPT-2's b*s MLP activations, where at the longest sequence the
   b*s^2 attention probabilities decide), and the rounds are a ladder for every
