@@ -13,8 +13,9 @@ this prints and writes to experiments/results/bench_models.json:
 3. under a budget of 1.25 x the per-layer checkpoint's real peak at the longest
    shape: symmem.jit's real peak (goal: <= budget x 1.05 + 8 MiB), the round it
    dispatched, its compiles, step time vs per-layer checkpointing (goal <= 1.00 at
-   the longest shape, lower at the shorter) and vs jax.jit where jax.jit's real peak
-   fits (goal <= 1.05), and losses / updated parameters vs jax.jit's.
+   the longest shape, lower at the shorter; also against per-layer checkpointing
+   compiled with the budget's options, without XNNPACK fusions) and vs jax.jit where
+   jax.jit's real peak fits (goal <= 1.05), and losses / updated parameters vs jax.jit's.
 
 Real peaks follow DESIGN.md F3 (jax_symmem.measure: a fresh process per figure,
 peak above resident memory plus the argument bytes). Step times are measured in
@@ -46,6 +47,7 @@ from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants
 
 FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint (F1)
+NO_XNNPACK = variants.FAST_PATH_CPU_OPTIONS   # what every budgeted variant adds on CPU
 WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
@@ -269,7 +271,10 @@ def run_workload(w: Workload, passes: int) -> dict:
       continue
     # Interleaved timing, in this process (per-layer compiled with barriers kept).
     ckpt_exe = per_layer.lower(*args).compile(compiler_options=FENCE)
-    fns = {"symmem": step, "per_layer": ckpt_exe}
+    # Also with the budget's compile options (no XNNPACK fusions, F2): the planner's
+    # choice of what to recompute, apart from what those options cost on CPU.
+    ckpt_same = per_layer.lower(*args).compile(compiler_options={**FENCE, **NO_XNNPACK})
+    fns = {"symmem": step, "per_layer": ckpt_exe, "per_layer_same_options": ckpt_same}
     if jit_real["real"] <= budget:
       fns["jit"] = ref
     times, fastest = _time(fns, args, passes)
@@ -288,6 +293,9 @@ def run_workload(w: Workload, passes: int) -> dict:
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
         "time_vs_per_layer_min": fastest["symmem"] / fastest["per_layer"],
+        "time_vs_per_layer_same_options": times["symmem"] / times["per_layer_same_options"],
+        "time_vs_per_layer_same_options_min": (fastest["symmem"]
+                                               / fastest["per_layer_same_options"]),
         "time_vs_jit_min": fastest["symmem"] / fastest["jit"] if "jit" in fastest else None,
         "step_s": times, "step_s_min": fastest, "equal_to_jax_jit": same,
         "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB})
@@ -301,7 +309,9 @@ def run_workload(w: Workload, passes: int) -> dict:
           f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "
           f"{row['symmem_compiles']}; timed round {row['timed_round']} (other live arrays "
           f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f} "
-          f"(fastest passes {row['time_vs_per_layer_min']:.2f}), vs jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
+          f"(fastest passes {row['time_vs_per_layer_min']:.2f}; with the budget's options "
+          f"{row['time_vs_per_layer_same_options']:.2f} ({row['time_vs_per_layer_same_options_min']:.2f})), "
+          f"vs jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
   return {"workload": w.name, "plan_s": plan_s, "rounds": len(analysis.rounds) - 1,
           "budget_mib": budget / MiB, "rows": rows}
 
