@@ -376,9 +376,9 @@ def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
 def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
   f = state.forward
   parts = _cond_parts(state)
-  base = _cond_replay(state, state.evicted)
   if not all(parts.replayable[j] for j in state.evicted):
     return []
+  base = _cond_replay(state, state.evicted)
   out = []
   for j in sorted(state.links):
     if j in state.evicted or not parts.replayable[j]:

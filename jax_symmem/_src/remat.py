@@ -731,10 +731,9 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
 
 def _smaller_shapes(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[str, int]]:
   """The allowed dims at the midpoint and at the geometric mean of their bounds."""
-  out = []
+  out, largest = [], graph.constraints.complete(tight)
   for level in ("mid", "geo"):
     env = graph.constraints.complete(schedule_lib.bounds_level(graph, tight, level))
-    if env != graph.constraints.complete(tight) and env not in out and \
-        graph.constraints.violation(env) is None:
+    if env != largest and env not in out and graph.constraints.violation(env) is None:
       out.append(env)
   return out
