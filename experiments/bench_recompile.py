@@ -14,8 +14,11 @@ a budget), and counts per search: compiles,
 whether a fitting round was reached, and how many rounds past the smallest fitting one
 it dispatched (extra recomputation). Two jump rules side by side: XLA's ratio alone
 (margin 0: the rule before) and the ratio with the last prediction's error as margin
-(`variants.next_round`, now). `--replay` re-runs the replay on a results file's figures
-and writes it (with the figures, and the revision and date they were measured at) to --out.
+(`variants.next_round`, now). For the margin rule it also replays what the shape's later
+calls do (`variants.refine_round`, at most MAX_RECOMPILES more compiles): the rounds past
+the smallest fitting one that every later call runs, and the compiles that took.
+`--replay` re-runs the replay on a results file's figures and writes it (with the
+figures, and the revision and date they were measured at) to --out.
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def replay(rows, rule: str, role: dict | None = None) -> dict:
   xla = [x for _, _, x in rows]
   lo, hi = min(xla), max(xla)
   compiles, extra, unreached = collections.Counter(), [], 0
+  refined, later = [], []   # after the later calls' refinement: extra rounds, compiles
   for i in range(BUDGETS):
     budget = lo + (hi - lo) * i // (BUDGETS - 1)
     fits = lambda b: b <= budget
@@ -90,14 +94,29 @@ def replay(rows, rule: str, role: dict | None = None) -> dict:
     reached = [k for k, x in tried if fits(x)]
     if not reached:
       unreached += 1
-    else:
-      extra.append(min(reached) - next(k for k, x in enumerate(xla) if fits(x)))
+      continue
+    smallest = next(k for k, x in enumerate(xla) if fits(x))
+    extra.append(min(reached) - smallest)
+    if rule == "margin":   # the shape's later calls (jit.SymmemFunction._refine)
+      first_call = len(tried)
+      for _ in range(variants.MAX_RECOMPILES):
+        j = variants.refine_round(peaks, tried, fits)
+        if j is None:
+          break
+        tried.append((j, xla[j]))
+      refined.append(min(k for k, x in tried if fits(x)) - smallest)
+      later.append(len(tried) - first_call)
   n = sum(compiles.values())
-  return {"compiles": dict(sorted(compiles.items())),
-          "at_most_2": sum(c for k, c in compiles.items() if k <= 2) / n,
-          "mean_compiles": sum(k * c for k, c in compiles.items()) / n,
-          "unreached": unreached, "mean_extra_rounds": sum(extra) / max(1, len(extra)),
-          "max_extra_rounds": max(extra, default=0)}
+  out = {"compiles": dict(sorted(compiles.items())),
+         "at_most_2": sum(c for k, c in compiles.items() if k <= 2) / n,
+         "mean_compiles": sum(k * c for k, c in compiles.items()) / n,
+         "unreached": unreached, "mean_extra_rounds": sum(extra) / max(1, len(extra)),
+         "max_extra_rounds": max(extra, default=0)}
+  if rule == "margin":
+    out.update(refined_mean_extra_rounds=sum(refined) / max(1, len(refined)),
+               refined_max_extra_rounds=max(refined, default=0),
+               mean_refinement_compiles=sum(later) / max(1, len(later)))
+  return out
 
 
 def summarize(table: dict, table_roles: dict) -> dict:
@@ -116,13 +135,22 @@ def summarize(table: dict, table_roles: dict) -> dict:
                  "at_most_2": sum(c for k, c in total.items() if k <= 2) / count,
                  "mean_compiles": sum(k * c for k, c in total.items()) / count,
                  "mean_extra_rounds": extra / n}
+    later = ""
+    if rule == "margin":   # every (step, length) replays the same number of budgets
+      for key in ("refined_mean_extra_rounds", "mean_refinement_compiles"):
+        out[rule][key] = sum(r[key] for r in per.values()) / len(per)
+      later = (f"; after the later calls' refinement {out[rule]['refined_mean_extra_rounds']:.2f}"
+               f" rounds past, {out[rule]['mean_refinement_compiles']:.2f} more compiles")
     print(f"{rule:>6}: compiles {out[rule]['compiles']}, <= 2 in "
           f"{100 * out[rule]['at_most_2']:.1f} %, mean {out[rule]['mean_compiles']:.2f}, "
-          f"rounds past the smallest fitting one {out[rule]['mean_extra_rounds']:.2f}")
+          f"rounds past the smallest fitting one {out[rule]['mean_extra_rounds']:.2f}{later}")
     for step, r in per.items():
+      refined = (f"; refined {r['refined_mean_extra_rounds']:.2f} (max "
+                 f"{r['refined_max_extra_rounds']}) in {r['mean_refinement_compiles']:.2f} more "
+                 "compiles" if rule == "margin" else "")
       print(f"        {step:<22} <= 2: {100 * r['at_most_2']:5.1f} %  mean compiles "
             f"{r['mean_compiles']:.2f}  extra rounds {r['mean_extra_rounds']:.2f} "
-            f"(max {r['max_extra_rounds']})  unreached {r['unreached']}")
+            f"(max {r['max_extra_rounds']})  unreached {r['unreached']}{refined}")
   return out
 
 

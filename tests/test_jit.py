@@ -1,5 +1,6 @@
 """symmem.jit: same numbers as jax.jit, host-side decisions, caching, clear errors, fallback."""
 
+import dataclasses
 import functools
 import gc
 import logging as py_logging
@@ -177,6 +178,47 @@ def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
     step(*args)
   assert step.cache_info()["compiles"] == info["compiles"]
   assert step.cache_info()["budget_errors"] == 2
+
+
+def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
+  # XLA's figures are scripted (ratio to the model growing with the round, as measured:
+  # experiments/bench_recompile.py), the compiles and runs are real. The first call
+  # reaches a fitting round in 2 compiles with the margin; the next call at that shape
+  # compiles the round refine_round picks between the two and runs it; later calls hit.
+  dims = {"b": 4, "s": 128}
+  probe = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                     constraints=CONSTRAINTS)
+  analysis = probe.analyze(*_args(2, 8))
+  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  scripted = [int(p * (1 + 0.04 * k)) for k, p in enumerate(peaks)]
+
+  def scenario(budget):
+    fits = lambda x: x <= budget
+    k = analysis.best_round(dims, budget)[0]
+    tried = variants_lib.search_rounds(peaks, k, peaks[k], scripted.__getitem__, fits,
+                                       scale={}, last=len(peaks) - 1)
+    j = variants_lib.refine_round(peaks, tried, fits)
+    if len(tried) == 2 and fits(tried[1][1]) and j is not None and fits(scripted[j]):
+      return [r for r, _ in tried], j
+    return None
+  found = [(b, scenario(b)) for b in range(min(scripted), max(scripted), 1 << 12)]
+  budget, (first, refined) = next((b, s) for b, s in found if s is not None)
+
+  real = variants_lib.compile_round
+  def compile_round(analysis, dims, k, *args):
+    v = real(analysis, dims, k, *args)
+    return dataclasses.replace(v, xla_bytes=scripted[k])
+  monkeypatch.setattr(variants_lib, "compile_round", compile_round)
+  step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
+                    constraints=CONSTRAINTS, memory_budget=budget)
+  runs = []
+  for _ in range(3):
+    _assert_tree_close(step(*_args(4, 128)), _jax_jit_outputs(4, 128))
+    runs.append((step.last_call["round"], dict(step.cache_info())))
+  assert runs[0][0] == first[1] and runs[0][1]["compiles"] == 2
+  assert runs[1][0] == refined < first[1] and runs[1][1]["refinements"] == 1
+  assert runs[1][1]["compiles"] == 3 and runs[1][1]["recompiles"] == 1
+  assert runs[2][0] == refined and runs[2][1]["compiles"] == 3 + runs[2][1]["refinements"] - 1
 
 
 def test_no_budget_error_for_a_budget_jax_jit_meets():

@@ -191,3 +191,62 @@ def test_a_budget_error_prints_mib_though_other_arrays_hold_a_few_bytes():
   assert variants.over_budget(138_637_612, 124_385_029) == ("132.2 MiB", "the 118.6 MiB budget")
   # Bytes where the figure and the room would read the same.
   assert variants.over_budget(124_385_030, 124_385_029)[0] == "124,385,030 bytes"
+
+
+# --- refinement when a shape comes back (variants.refine_round) -------------------------
+
+# bench_models' unrolled Llama at b=4, s=512 (experiments/bench_recompile.py at 26e6847):
+# modeled peak / XLA footprint of rounds 0..20 in MiB, as symmem.jit compiles them.
+_LLAMA_512 = [(435, 442), (431, 440), (401, 426), (383, 424), (340, 376), (322, 376), (271, 328),
+              (246, 296), (242, 296), (221, 274), (214, 270), (211, 270), (202, 252), (201, 252),
+              (188, 235), (187, 217), (169, 195), (168, 185), (168, 185), (168, 185), (167, 185)]
+
+
+def test_a_recurring_shape_moves_to_the_smallest_fitting_round():
+  # bench_models' budget, 1.25 x per-layer checkpointing's real peak (280.1 MiB): the
+  # model picks round 6 (XLA 328), the jump with the error as margin round 16 (195: it
+  # fits, and 2 compiles were enough), while round 9 (274) fits too and recomputes less.
+  peaks = [m * MiB for m, _ in _LLAMA_512]
+  xla = [x * MiB for _, x in _LLAMA_512]
+  fits = lambda b: b <= int(280.1 * MiB)
+  k = analysis.first_round(peaks, fits)[0]
+  tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, scale={})
+  assert [j for j, _ in tried] == [6, 16]
+  j = variants.refine_round(peaks, tried, fits)
+  assert j == 9 and fits(xla[j]) and min(k for k, x in enumerate(xla) if fits(x)) == 9
+  assert variants.refine_round(peaks, tried + [(9, xla[9])], fits) is None   # nothing between 6 and 9
+
+
+def test_no_refinement_without_a_round_over_budget_below_the_one_that_fits():
+  peaks, xla = [100, 90, 80], [130, 100, 85]
+  fits = lambda b: b <= 100
+  assert variants.refine_round(peaks, [(1, xla[1])], fits) is None
+  assert variants.refine_round(peaks, [(0, xla[0]), (2, xla[2])], lambda b: b <= 50) is None
+  # Adjacent rounds: nothing between them.
+  assert variants.refine_round(peaks, [(0, xla[0]), (1, xla[1])], fits) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_refinement_is_exact_where_xla_interpolates_between_the_bracket(data):
+  # Where XLA's ratio to the model moves linearly with the modeled peak between the
+  # bracket's ends (a over budget, b fitting), the round refine_round picks fits and is
+  # the first one between them that does; with nothing between that fits, None.
+  n = data.draw(st.integers(3, 14))
+  peaks = [1000]
+  for d in data.draw(st.lists(st.integers(1, 80), min_size=n - 1, max_size=n - 1)):
+    peaks.append(peaks[-1] - d)
+  a = data.draw(st.integers(0, n - 3))
+  b = data.draw(st.integers(a + 2, n - 1))
+  ends = {a: int(data.draw(st.floats(0.9, 1.3)) * peaks[a]),
+          b: int(data.draw(st.floats(0.9, 1.3)) * peaks[b])}
+  ra, rb = ends[a] / peaks[a], ends[b] / peaks[b]
+  ratio = lambda j: ra + (peaks[a] - peaks[j]) / (peaks[a] - peaks[b]) * (rb - ra)
+  xla = [ends.get(j, int(ratio(j) * peaks[j])) for j in range(n)]
+  budget = data.draw(st.integers(xla[b], max(xla[b], xla[a] - 1)))
+  fits = lambda x: x <= budget
+  if fits(xla[a]):
+    return
+  j = variants.refine_round(peaks, [(a, xla[a]), (b, xla[b])], fits)
+  between = [i for i in range(a + 1, b) if fits(xla[i])]
+  assert j == (between[0] if between else None)

@@ -80,6 +80,10 @@ class _Entry:
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
   decisions: dict[tuple, int] = dataclasses.field(default_factory=dict)
   refused: dict[tuple, str] = dataclasses.field(default_factory=dict)
+  # (dims, reserved MiB, budget) -> [(round, XLA's figure)] compiled there, while a round
+  # that recomputes less than the one dispatched may still fit (`_refine`).
+  searches: dict[tuple, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+  refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
 
 
 class SymmemFunction:
@@ -112,7 +116,7 @@ class SymmemFunction:
     self._entries: dict[Any, _Entry] = {}                 # static key -> its state
     self.last_call: dict | None = None                    # the most recent dispatch
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
-                    "budget_errors": 0}
+                    "refinements": 0, "budget_errors": 0}
 
   # -- public --
   def __call__(self, *args, **kwargs):
@@ -173,6 +177,8 @@ class SymmemFunction:
           self._fall_back(entry, f"compiling at {dims}: {type(e).__name__}: {e}")
       else:
         self._counts["hits"] += 1
+        if key in entry.searches:
+          variant = self._refine(entry, key, dims, variant, args, flat, budget, reserved)
       if variant is not None:
         entry.decisions[key] = variant.round
     if variant is None:
@@ -191,8 +197,10 @@ class SymmemFunction:
     return entry.analysis
 
   def cache_info(self) -> dict[str, int]:
-    """Counts: compiles, cache hits, recompiles (a variant XLA reported over budget),
-    calls that fell back to jax.jit, calls refused with BudgetError, executables."""
+    """Counts: compiles, cache hits, recompiles (a first call's compiles after the
+    first: XLA reported a variant over budget), refinements (compiles on a shape's later
+    calls of a round that recomputes less, `_refine`), calls that fell back to jax.jit,
+    calls refused with BudgetError, executables."""
     with self._lock:
       return dict(self._counts, executables=sum(len(e.variants) for e in self._entries.values()))
 
@@ -309,23 +317,73 @@ class SymmemFunction:
 
   def _compile(self, entry: _Entry, dims, k, args, flat, budget, reserved):
     """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting)."""
-    policy = variants_lib.CompilePolicy(
-        budget=budget, reserved=reserved, platform=jax.devices()[0].platform,
-        impose_schedule=self._impose_schedule,
-        agree=lambda size: _agreed_footprint(size, flat))
-    jit_kwargs = dict(donate_argnums=self._donated_leaves(args),
-                      **self._flat_shardings(args, entry.analysis.traced))
     compiles = 0
+    compile_flat = self._lower(args, flat, entry)
     def lower(fn, options):
       nonlocal compiles
       self._counts["recompiles"] += compiles > 0   # counted here: a BudgetError may follow
-      self._counts["compiles"] += 1
       compiles += 1
-      return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
-    chosen, _ = variants_lib.compile_fitting(entry.analysis, dims, k, policy, lower,
-                                             entry.calibration, entry.calibrated_at)
-    entry.variants[(tuple(sorted(dims.items())), chosen.round)] = chosen
+      return compile_flat(fn, options)
+    chosen, compiled = variants_lib.compile_fitting(
+        entry.analysis, dims, k, self._policy(flat, budget, reserved), lower,
+        entry.calibration, entry.calibrated_at)
+    dims_key = tuple(sorted(dims.items()))
+    entry.variants[(dims_key, chosen.round)] = chosen
+    if budget is not None and len(compiled) > 1:   # a bracket to refine when the shape recurs
+      entry.searches[(dims_key, reserved >> 20, budget)] = [
+          (v.round, v.xla_bytes) for v in compiled]
     return chosen
+
+  def _refine(self, entry: _Entry, key, dims, variant, args, flat, budget, reserved):
+    """When a shape comes back: one compile of a round that recomputes less than the one
+    its first call dispatched, where XLA's figures so far predict it fits
+    (`variants.refine_round`); at most `MAX_RECOMPILES` per shape. The first call's
+    search reaches a fitting round in few compiles by keeping a margin for the model's
+    error; this spends a compile only on shapes that recur, which run it many times."""
+    searched = entry.searches[key]
+    policy = self._policy(flat, budget, reserved)
+    j = variants_lib.refine_round(analysis_lib.RoundPeaks(entry.analysis, dims), searched,
+                                  policy.fits)
+    if j is None:
+      del entry.searches[key]
+      return variant
+    try:
+      candidate = variants_lib.compile_round(entry.analysis, dims, j, policy,
+                                             self._lower(args, flat, entry), entry.calibration,
+                                             entry.calibrated_at)
+    except Exception as e:  # noqa: BLE001 - keep running the variant that works
+      logging.warning("jax_symmem: compiling round %d of %s at %s to refine failed (%s: %s); "
+                      "keeping round %d", j, entry.analysis.traced.fun_name, dims,
+                      type(e).__name__, e, variant.round)
+      del entry.searches[key]
+      return variant
+    self._counts["refinements"] += 1
+    searched.append((j, candidate.xla_bytes))
+    entry.refinements[key] = entry.refinements.get(key, 0) + 1
+    if entry.refinements[key] >= variants_lib.MAX_RECOMPILES:
+      del entry.searches[key]
+    if not policy.fits(candidate.xla_bytes):
+      return variant
+    logging.info("jax_symmem: %s at %s now runs round %d (was %d): XLA footprint %.1f MiB",
+                 entry.analysis.traced.fun_name, dims, j, variant.round,
+                 candidate.xla_bytes / 2**20)
+    entry.variants[(key[0], j)] = candidate
+    return candidate
+
+  def _policy(self, flat, budget, reserved) -> variants_lib.CompilePolicy:
+    return variants_lib.CompilePolicy(
+        budget=budget, reserved=reserved, platform=jax.devices()[0].platform,
+        impose_schedule=self._impose_schedule,
+        agree=lambda size: _agreed_footprint(size, flat))
+
+  def _lower(self, args, flat, entry: _Entry) -> Callable:
+    """`lower(fn, options)`: compiles `fn` on the flat arguments as jax.jit would (counted)."""
+    jit_kwargs = dict(donate_argnums=self._donated_leaves(args),
+                      **self._flat_shardings(args, entry.analysis.traced))
+    def lower(fn, options):
+      self._counts["compiles"] += 1
+      return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
+    return lower
 
   def _flat_shardings(self, args, traced) -> dict[str, tuple]:
     """jax.jit's in/out_shardings for the flat-argument, flat-output executable."""

@@ -250,6 +250,39 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     k = nxt
 
 
+def refine_round(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
+                 fits: Callable[[int], bool]) -> int | None:
+  """A round that recomputes less than the one dispatched and is predicted to fit, or None.
+
+  `compiled`: [(round, XLA's figure)] compiled at this shape so far. The first call's
+  search (`search_rounds`) keeps a margin for the model's error so that one more compile
+  fits, and so can land a few rounds past the smallest fitting one (more recomputation
+  than needed, on every later call). Once the shape comes back, the rounds between the
+  largest compiled round over budget (a) and the smallest fitting one (b) are predicted
+  with XLA's ratio interpolated between the two, by modeled peak: the ratio grows with
+  the rounds' recomputation, which XLA schedules its own way, so neither end's ratio
+  alone predicts the middle. The first of them predicted to fit; None without a bracket.
+  """
+  done = dict(compiled)
+  fitting = [k for k, size in compiled if fits(size)]
+  if not fitting:
+    return None
+  b = min(fitting)
+  over = [k for k, size in compiled if k < b and not fits(size)]
+  if not over:
+    return None
+  a = max(over)
+  ratio_a, ratio_b = done[a] / max(1, peaks[a]), done[b] / max(1, peaks[b])
+  for j in range(a + 1, b):
+    if j in done:
+      continue
+    t = 0.0 if peaks[a] == peaks[b] else (peaks[a] - peaks[j]) / (peaks[a] - peaks[b])
+    t = min(1.0, max(0.0, t))
+    if fits(int((ratio_a + t * (ratio_b - ratio_a)) * peaks[j])):
+      return j
+  return None
+
+
 def over_budget(nbytes: int, budget: int, reserved: int = 0) -> tuple[str, str]:
   """(`nbytes`, what it must fit in) as a BudgetError prints them: 'the <budget> budget',
   or with `reserved` bytes held by other live arrays 'the <budget - reserved> that the
@@ -277,47 +310,54 @@ def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, i
   return {j: r for j, r in calibration.items() if calibrated_at.get(j, 0) >= peaks[j]}
 
 
+def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
+                  lower: Callable[[Callable, dict], Any], calibration: dict[int, float],
+                  calibrated_at: dict[int, int]) -> Variant:
+  """Round k at dims, compiled with the policy's options for it (`lower(fn, options)`).
+
+  Updates `calibration` (round -> XLA / model) and `calibrated_at` (round -> the
+  modeled peak that ratio was measured at) where XLA's figure is truthful."""
+  env = analysis.graph.constraints.complete(dims)
+  options, truthful = policy.options_for(analysis, k)
+  fn, options = _runner(analysis, k, dims, env, policy, options)
+  exe = lower(fn, options)
+  size = policy.agree(footprint(exe))   # the same branch in every process
+  # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
+  # (only when it sees every buffer: not with jax.jit's own options, F2).
+  if truthful and size:
+    calibrated_at[k] = analysis.round_peak(k, dims)
+    calibration[k] = size / max(1, calibrated_at[k])
+  logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
+               analysis.traced.fun_name, dims, k, size / 2**20)
+  mem = bool(policy.memory_options) and all(
+      options.get(key) == value for key, value in policy.memory_options.items()
+      if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
+  return Variant(dict(dims), k, exe, size, mem, dict(options))
+
+
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float],
                     calibrated_at: dict[int, int] | None = None
                     ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
-  the last one over the budget.
+  the last one over the budget (each by `compile_round`).
 
-  `lower(fn, options)` compiles `fn` (flat arguments -> flat outputs) with XLA
-  options. Updates `calibration` (round -> XLA / model) from truthful compiles, and
-  `calibrated_at` (round -> the modeled peak that ratio was measured at).
   Returns (the variant to dispatch: the fitting one that recomputes least, every
   variant compiled); raises BudgetError when none fits.
   """
   calibrated_at = {} if calibrated_at is None else calibrated_at
-  env = analysis.graph.constraints.complete(dims)
   last = remat.last_planned(analysis.rounds)
   compiled: list[Variant] = []
 
-  def compile_round(k: int) -> int:
-    options, truthful = policy.options_for(analysis, k)
-    fn, options = _runner(analysis, k, dims, env, policy, options)
-    exe = lower(fn, options)
-    size = policy.agree(footprint(exe))   # the same branch in every process
-    # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
-    # (only when it sees every buffer: not with jax.jit's own options, F2).
-    if truthful and size:
-      calibrated_at[k] = analysis.round_peak(k, dims)
-      calibration[k] = size / max(1, calibrated_at[k])
-    logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
-                 analysis.traced.fun_name, dims, k, size / 2**20)
-    mem = bool(policy.memory_options) and all(
-        options.get(key) == value for key, value in policy.memory_options.items()
-        if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
-    compiled.append(Variant(dict(dims), k, exe, size, mem, dict(options)))
-    return size
+  def xla_bytes(k: int) -> int:
+    compiled.append(compile_round(analysis, dims, k, policy, lower, calibration, calibrated_at))
+    return compiled[-1].xla_bytes
 
   peaks = analysis_lib.RoundPeaks(analysis, dims)
   scale = (None if policy.budget is None
            else transferable(calibration, calibrated_at, peaks))
-  search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), compile_round, policy.fits,
+  search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), xla_bytes, policy.fits,
                 policy.max_recompiles, scale, last, analysis.as_written_round)
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
