@@ -259,9 +259,9 @@ def refine_round(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
   fits, and so can land a few rounds past the smallest fitting one (more recomputation
   than needed, on every later call). Once the shape comes back, the rounds between the
   largest compiled round over budget (a) and the smallest fitting one (b) are predicted
-  with XLA's ratio interpolated between the two, by modeled peak: the ratio grows with
-  the rounds' recomputation, which XLA schedules its own way, so neither end's ratio
-  alone predicts the middle. The first of them predicted to fit; None without a bracket.
+  with XLA's ratio interpolated between the two, by modeled peak: the ratio moves from
+  round to round (XLA schedules recomputation its own way), so neither end's ratio alone
+  predicts the middle. The first of them predicted to fit; None without a bracket.
   """
   done = dict(compiled)
   fitting = [k for k, size in compiled if fits(size)]
