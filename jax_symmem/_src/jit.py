@@ -429,7 +429,10 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
     constraints: e.g. ("s <= 4096", "b <= 64", "s == 128*k").
     memory_budget: bytes, a size string ('200MiB', '6 GiB'), or a float in (0, 1] as a
       fraction of device memory; default the device's limit where known, otherwise no
-      eviction.
+      eviction. Under a budget a shape's first call compiles the round the model picks
+      and, while XLA reports it over, a later one (usually 2 compiles at most); when the
+      shape comes back, a round in between that XLA's figures predict to fit may be
+      compiled and run instead (`cache_info()["refinements"]`, at most 3 per shape).
     impose_schedule: fence jax_symmem's memory-aware order into XLA with
       optimization barriers instead of leaving the order to XLA's scheduler.
     plan_cache_dir: a directory where memory plans are kept across processes
