@@ -218,6 +218,7 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   assert runs[0][0] == first[1] and runs[0][1]["compiles"] == 2
   assert runs[1][0] == refined < first[1] and runs[1][1]["refinements"] == 1
   assert runs[1][1]["compiles"] == 3 and runs[1][1]["recompiles"] == 1
+  assert runs[1][1]["executables"] == 1   # the variant it replaced is not kept
   assert runs[2][0] == refined and runs[2][1]["compiles"] == 3 + runs[2][1]["refinements"] - 1
 
 

@@ -368,6 +368,10 @@ class SymmemFunction:
                  entry.analysis.traced.fun_name, dims, j, variant.round,
                  candidate.xla_bytes / 2**20)
     entry.variants[(key[0], j)] = candidate
+    # The variant it replaces stays only while another key (other reserved bytes) runs it.
+    if not any(k[0] == key[0] and r == variant.round for k, r in entry.decisions.items()
+               if k != key):
+      del entry.variants[(key[0], variant.round)]
     return candidate
 
   def _policy(self, flat, budget, reserved) -> variants_lib.CompilePolicy:
