@@ -166,7 +166,7 @@ class SymmemFunction:
       variant = entry.variants.get((dims_key, k))
       if variant is None:
         try:
-          variant = self._compile(entry, dims, k, args, flat, budget, reserved)
+          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved)
         except BudgetError as e:
           entry.refused[key] = str(e)
           self._counts["budget_errors"] += 1
@@ -315,8 +315,9 @@ class SymmemFunction:
       self._entries[static_key] = entry
       return entry
 
-  def _compile(self, entry: _Entry, dims, k, args, flat, budget, reserved):
-    """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting)."""
+  def _compile(self, entry: _Entry, key, dims, k, args, flat, budget, reserved):
+    """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting);
+    `key` is the call's (dims, reserved MiB, budget)."""
     compiles = 0
     compile_flat = self._lower(args, flat, entry)
     def lower(fn, options):
@@ -327,11 +328,9 @@ class SymmemFunction:
     chosen, compiled = variants_lib.compile_fitting(
         entry.analysis, dims, k, self._policy(flat, budget, reserved), lower,
         entry.calibration, entry.calibrated_at)
-    dims_key = tuple(sorted(dims.items()))
-    entry.variants[(dims_key, chosen.round)] = chosen
+    entry.variants[(key[0], chosen.round)] = chosen
     if budget is not None and len(compiled) > 1:   # a bracket to refine when the shape recurs
-      entry.searches[(dims_key, reserved >> 20, budget)] = [
-          (v.round, v.xla_bytes) for v in compiled]
+      entry.searches[key] = [(v.round, v.xla_bytes) for v in compiled]
     return chosen
 
   def _refine(self, entry: _Entry, key, dims, variant, args, flat, budget, reserved):
