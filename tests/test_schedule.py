@@ -59,9 +59,18 @@ def _check_random_program(ops, b):
       assert memory.peak_at(graph, dims, order=sched.order) <= memory.peak_at(graph, dims)
   x = np.random.RandomState(b).randn(b, width).astype(np.float32)
   run = executor.execute(traced, (x,), order=sched.order)
-  np.testing.assert_allclose(run.outputs, jax.jit(f)(x), rtol=1e-4, atol=1e-4)
+  expected = np.asarray(jax.jit(f)(x))
+  # float32 sums of large and small terms (outer products, chained adds) round differently
+  # op by op than fused: the absolute error scales with the largest magnitude in the output.
+  scale = max(1.0, float(np.max(np.abs(expected))))
+  np.testing.assert_allclose(run.outputs, expected, rtol=1e-4, atol=1e-4 * scale)
   prof = memory.profile(graph, order=sched.order)
   assert prof.peak_bytes(include_transients=False, b=b) == run.peak
+
+
+# A draw whose gradient mixes entries of 58 and 0.2 (failed an absolute tolerance of 1e-4 once).
+_LARGE_AND_SMALL_TERMS = [("outer", 0, 0), ("add", 0, 0), ("add", 1, 1), ("mul", 3, 0), ("add", 0, 0),
+                          ("sin", 1, 0), ("outer", 18, 0), ("add", 0, 0), ("add", 0, 15), ("dot", 17, 0)]
 
 
 # A few random programs in the fast tier (each traces, schedules twice, runs op by op
@@ -69,6 +78,7 @@ def _check_random_program(ops, b):
 def _random_programs_property(max_examples):
   @hypothesis.settings(max_examples=max_examples, deadline=None)
   @hypothesis.given(ops=OPS, b=st.integers(1, 9))
+  @hypothesis.example(ops=_LARGE_AND_SMALL_TERMS, b=9)
   def test(ops, b):
     _check_random_program(ops, b)
   own_database_key(test, max_examples)
