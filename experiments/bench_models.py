@@ -25,6 +25,17 @@ passes (`*_min`: on a shared machine other processes only add time).
 
     python -m experiments.bench_models                 # every workload
     python -m experiments.bench_models --workloads=llama_scan,t5 --passes=5
+
+On a GPU (the device check of DEVELOPERS.md), the same script with `--geometry=gpu`
+(4x wider, 2x deeper, 2x the batch, 4x the lengths) runs the same rows: per-layer
+checkpointing and every variant compile with XLA's GPU defaults (barriers survive
+there until after scheduling, and there are no XNNPACK fusions), real peaks come from
+the device allocator (`jax_symmem.measure`), and the fresh processes reuse the
+parent's plans and compiled executables through a plan cache and JAX's compilation
+cache in a temporary directory:
+
+    python -m experiments.bench_models --geometry=gpu --workloads=llama_scan,t5 --passes=5 \
+        --out=$OUT/bench_models_gpu.json
 """
 
 from __future__ import annotations
@@ -32,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import statistics
+import tempfile
 import time
 from typing import Callable
 
@@ -43,12 +55,31 @@ import numpy as np
 from experiments import _common
 from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants
 
-FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint (F1)
+FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint on the CPU (F1)
 NO_XNNPACK = variants.FAST_PATH_CPU_OPTIONS   # what every budgeted variant adds on CPU
+
+
+@dataclasses.dataclass(frozen=True)
+class Geometry:
+  """How big each step is: width, depth (T5: half encoder, half decoder), heads, vocabulary,
+  batch (gradient accumulation: two microbatches of half) and the three lengths."""
+  d_model: int = 256
+  n_layers: int = 4
+  n_heads: int = 4
+  vocab: int = 2048
+  batch: int = 4
+  lengths: tuple[int, ...] = (128, 256, 512)
+
+
+GEOMETRIES = {
+    "cpu": Geometry(),   # this 2-core machine: the README's tables
+    "gpu": Geometry(d_model=1024, n_layers=8, n_heads=8, vocab=8192, batch=8,
+                    lengths=(512, 1024, 2048)),
+}
 WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
+GEOMETRY = flags.DEFINE_enum("geometry", "cpu", list(GEOMETRIES), "the steps' sizes")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
 OUT = flags.DEFINE_string("out", "experiments/results/bench_models.json", "results file")
@@ -66,89 +97,113 @@ class Workload:
   lengths: tuple          # three lengths, the last the longest allowed
 
 
-def _llama(scan: bool, annotated: bool = False) -> Workload:
+def _llama_config(g: Geometry):
   from jax_symmem.examples import llama
-  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  d_ff = -(-8 * g.d_model // 3 // 16) * 16   # 8/3 d_model, a multiple of 16 (688 at 256)
+  return llama.LlamaConfig(vocab=g.vocab, d_model=g.d_model, n_layers=g.n_layers,
+                           n_heads=g.n_heads, d_ff=d_ff, max_len=g.lengths[-1])
+
+
+def _token_workload(name, g: Geometry, step, state, batch, shapes=(None, "b, s", "b, s")):
+  from jax_symmem.examples import llama
+  return Workload(name, step, state, batch, lambda s: {"b": g.batch, "s": s}, shapes,
+                  llama.step_constraints(g.lengths[-1], g.batch), g.lengths)
+
+
+def _llama(scan: bool, annotated: bool = False, g: Geometry = Geometry()) -> Workload:
+  from jax_symmem.examples import llama
+  cfg = _llama_config(g)
   name = "llama" + ("_scan" if scan else "") + ("_remat" if annotated else "")
-  return Workload(
-      name, lambda policy: llama.train_step_fn(llama.Llama(cfg, policy or (
+  return _token_workload(
+      name, g, lambda policy: llama.train_step_fn(llama.Llama(cfg, policy or (
           "layer" if annotated else None), scan)),
       lambda: llama.init_state(cfg, scan_layers=scan),
-      lambda s: llama.example_batch(cfg, 4, s), lambda s: {"b": 4, "s": s},
-      (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
+      lambda s: llama.example_batch(cfg, g.batch, s))
 
 
-def _llama_accum(scan: bool = False) -> Workload:
-  # Gradient accumulation: the step scans over m = 2 microbatches of 2 sequences (the
-  # same 4 sequences per update as the other workloads); per-layer checkpointing is
+def _llama_accum(scan: bool = False, g: Geometry = Geometry()) -> Workload:
+  # Gradient accumulation: the step scans over m = 2 microbatches of half the batch (the
+  # same sequences per update as the other workloads); per-layer checkpointing is
   # nn.remat on each layer inside the microbatch's forward pass. With `scan`, the layers
   # are an nn.scan inside each microbatch's pass (a scan pair inside the body).
   from jax_symmem.examples import llama
-  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  cfg = _llama_config(g)
+  half = g.batch // 2
   def batch(s):
-    return tuple(x.reshape(2, 2, s) for x in llama.example_batch(cfg, 4, s))
+    return tuple(x.reshape(2, half, s) for x in llama.example_batch(cfg, g.batch, s))
   return Workload(
       "llama_scan_accum" if scan else "llama_accum",
       lambda policy: llama.accumulating_train_step_fn(llama.Llama(cfg, policy, scan)),
-      lambda: llama.init_state(cfg, scan_layers=scan), batch, lambda s: {"m": 2, "b": 2, "s": s},
-      (None, "m, b, s", "m, b, s"), llama.step_constraints(512, 4) + ("m <= 4",),
-      (128, 256, 512))
+      lambda: llama.init_state(cfg, scan_layers=scan), batch,
+      lambda s: {"m": 2, "b": half, "s": s}, (None, "m, b, s", "m, b, s"),
+      llama.step_constraints(g.lengths[-1], g.batch) + ("m <= 4",), g.lengths)
 
 
-def _gpt2() -> Workload:
+def _gpt2_config(g: Geometry):
+  from jax_symmem.examples import gpt2
+  return gpt2.GPT2Config(vocab=g.vocab, d_model=g.d_model, n_layers=g.n_layers,
+                         n_heads=g.n_heads, d_ff=4 * g.d_model, max_len=g.lengths[-1])
+
+
+def _gpt2(g: Geometry = Geometry()) -> Workload:
   from jax_symmem.examples import gpt2, llama
-  cfg = gpt2.GPT2Config(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512)
-  return Workload(
-      "gpt2", lambda policy: llama.train_step_fn(gpt2.GPT2(cfg, policy)),
-      lambda: gpt2.init_state(cfg), lambda s: gpt2.example_batch(cfg, 4, s),
-      lambda s: {"b": 4, "s": s}, (None, "b, s", "b, s"), llama.step_constraints(512, 4),
-      (128, 256, 512))
+  cfg = _gpt2_config(g)
+  return _token_workload(
+      "gpt2", g, lambda policy: llama.train_step_fn(gpt2.GPT2(cfg, policy)),
+      lambda: gpt2.init_state(cfg), lambda s: gpt2.example_batch(cfg, g.batch, s))
 
 
-def _gpt2_layerdrop() -> Workload:
+def _gpt2_layerdrop(g: Geometry = Geometry()) -> Workload:
   # LayerDrop (p = 0.2): each GPT-2 layer runs under nn.cond on its own draw, so AD makes
   # a forward/backward cond pair per layer; per-layer checkpointing is nn.remat on each
   # layer inside its cond. The key is part of the batch (one per length): every variant
   # skips the same layers.
-  from jax_symmem.examples import gpt2, llama
-  cfg = gpt2.GPT2Config(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=1024, max_len=512)
-  return Workload(
-      "gpt2_layerdrop",
+  from jax_symmem.examples import gpt2
+  cfg = _gpt2_config(g)
+  return _token_workload(
+      "gpt2_layerdrop", g,
       lambda policy: gpt2.layer_drop_train_step_fn(gpt2.GPT2(cfg, policy, layer_drop=0.2)),
       lambda: gpt2.init_state(cfg),
-      lambda s: (*gpt2.example_batch(cfg, 4, s), jax.random.key(s)),
-      lambda s: {"b": 4, "s": s}, (None, "b, s", "b, s", None), llama.step_constraints(512, 4),
-      (128, 256, 512))
+      lambda s: (*gpt2.example_batch(cfg, g.batch, s), jax.random.key(s)),
+      (None, "b, s", "b, s", None))
 
 
-def _nnx_scan() -> Workload:
+def _nnx_scan(g: Geometry = Geometry()) -> Workload:
   from flax import nnx
   from jax_symmem.examples import llama, llama_nnx
-  cfg = llama.LlamaConfig(vocab=2048, d_model=256, n_layers=4, n_heads=4, d_ff=688, max_len=512)
+  cfg = _llama_config(g)
   def step(policy):
     return llama_nnx.pure_train_step(*llama_nnx.init_state(cfg, scan_layers=True,
                                                            remat_policy=policy))
-  return Workload(
-      "nnx_scan", step, lambda: nnx.state(llama_nnx.init_state(cfg, scan_layers=True)),
-      lambda s: llama.example_batch(cfg, 4, s), lambda s: {"b": 4, "s": s},
-      (None, "b, s", "b, s"), llama.step_constraints(512, 4), (128, 256, 512))
+  return _token_workload(
+      "nnx_scan", g, step, lambda: nnx.state(llama_nnx.init_state(cfg, scan_layers=True)),
+      lambda s: llama.example_batch(cfg, g.batch, s))
 
 
-def _t5() -> Workload:
+def _t5(g: Geometry = Geometry()) -> Workload:
   from jax_symmem.examples import t5
-  cfg = t5.PRESETS["small"]
+  cfg = t5.PRESETS["small"]   # the CPU tables' T5 (its own vocabulary and head width)
+  if g != Geometry():
+    cfg = dataclasses.replace(
+        cfg, vocab=g.vocab, d_model=g.d_model, n_heads=g.n_heads, d_kv=g.d_model // g.n_heads,
+        d_ff=4 * g.d_model, n_enc_layers=g.n_layers // 2, n_dec_layers=g.n_layers // 2,
+        max_src_len=g.lengths[-1], max_tgt_len=g.lengths[-1] // 2)
   # Target half the source length, as in summarization-style fine-tuning.
   return Workload(
       "t5", lambda policy: t5.train_step_fn(t5.T5(cfg, policy)), lambda: t5.init_state(cfg),
-      lambda s: t5.example_batch(cfg, 4, s, s // 2), lambda s: {"b": 4, "s": s, "t": s // 2},
-      t5.POLYMORPHIC_SHAPES, t5.step_constraints(512, 256, 4), (128, 256, 512))
+      lambda s: t5.example_batch(cfg, g.batch, s, s // 2),
+      lambda s: {"b": g.batch, "s": s, "t": s // 2}, t5.POLYMORPHIC_SHAPES,
+      t5.step_constraints(g.lengths[-1], g.lengths[-1] // 2, g.batch), g.lengths)
 
 
+# name -> (geometry = the CPU tables') -> Workload
 WORKLOADS = {
-    "llama": lambda: _llama(False), "llama_scan": lambda: _llama(True),
-    "llama_scan_remat": lambda: _llama(True, annotated=True), "nnx_scan": _nnx_scan,
-    "gpt2": _gpt2, "gpt2_layerdrop": _gpt2_layerdrop, "t5": _t5, "llama_accum": _llama_accum,
-    "llama_scan_accum": lambda: _llama_accum(scan=True),
+    "llama": lambda g=Geometry(): _llama(False, g=g),
+    "llama_scan": lambda g=Geometry(): _llama(True, g=g),
+    "llama_scan_remat": lambda g=Geometry(): _llama(True, annotated=True, g=g),
+    "nnx_scan": _nnx_scan, "gpt2": _gpt2, "gpt2_layerdrop": _gpt2_layerdrop, "t5": _t5,
+    "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
+    "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
 }
 
 
@@ -159,16 +214,26 @@ def _footprint(exe) -> int:
   return _common.xla_memory(exe)["footprint"]
 
 
-def measured(workload: str, variant: str, length: int, budget: int = 0):
+def _platform() -> str:
+  return jax.devices()[0].platform
+
+
+def _per_layer_options() -> dict:
+  """Per-layer checkpointing's XLA options: barriers kept on the CPU (F1); XLA's GPU and
+  TPU pipelines drop them only after scheduling, so there they compile as jax.jit does."""
+  return dict(FENCE) if _platform() == "cpu" else {}
+
+
+def measured(workload: str, variant: str, length: int, budget: int = 0, geometry: str = "cpu"):
   """(fn, args, extra) for jax_symmem.measure: `variant` is "jit" (jax.jit), "per_layer"
   (nn.remat on each layer, barriers kept), "last_round" (the planner's last round,
   compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`)."""
-  w = WORKLOADS[workload]()
+  w = WORKLOADS[workload](GEOMETRIES[geometry])
   args = (w.state(), *w.batch(length))
   extra = {"argument_bytes": _common.tree_bytes(args)}
   if variant in ("jit", "per_layer"):
     exe = jax.jit(w.step("layer" if variant == "per_layer" else None)).lower(*args).compile(
-        compiler_options=FENCE if variant == "per_layer" else {})
+        compiler_options=_per_layer_options() if variant == "per_layer" else {})
     return exe, args, dict(extra, xla=_footprint(exe))
   analysis = _analysis(w)
   if variant == "last_round":
@@ -177,15 +242,25 @@ def measured(workload: str, variant: str, length: int, budget: int = 0):
     return (lambda *a: exe(*flat)), args, dict(extra, xla=_footprint(exe), round=k)
   step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
                     memory_budget=budget)
-  # Twice: a shape's second call may compile a round that recomputes less (the
-  # refinement), which every later call runs, the measured one included.
-  jax.block_until_ready(step(*args))
-  first = dict(step.last_call, compiles=step.cache_info()["compiles"])
-  jax.block_until_ready(step(*args))
+  first = _settle(step, args)   # the measured call runs the round every later call runs
   info = step.cache_info()
   return step, args, dict(extra, **{k: step.last_call[k] for k in ("round", "xla_bytes")},
                           compiles=first["compiles"], first_round=first["round"],
                           refinements=info["refinements"])
+
+
+def _settle(step, args) -> dict:
+  """Calls a symmem.jit step until a call compiles nothing, and returns the first call's
+  record (with its compiles): a shape's later calls may compile rounds that recompute
+  less (the refinement, one compile per call, at most MAX_RECOMPILES)."""
+  jax.block_until_ready(step(*args))
+  first = dict(step.last_call, compiles=step.cache_info()["compiles"])
+  for _ in range(variants.MAX_RECOMPILES + 1):
+    compiles = step.cache_info()["compiles"]
+    jax.block_until_ready(step(*args))
+    if step.cache_info()["compiles"] == compiles:
+      break
+  return first
 
 
 def _analysis(w: Workload):
@@ -196,7 +271,7 @@ def _analysis(w: Workload):
 def _compile_round(analysis, k, dims, args, options=None):
   """Round k at dims, compiled as symmem.jit compiles it under a budget (or with `options`)."""
   if options is None:
-    options = variants.round_options(analysis, k)
+    options = variants.round_options(analysis, k, _platform())
   exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=options)
   return exe, k
@@ -204,7 +279,8 @@ def _compile_round(analysis, k, dims, args, options=None):
 
 def _real(workload, variant, length, budget=0) -> dict:
   return _common.real_peak("experiments.bench_models:measured", workload=workload,
-                           variant=variant, length=length, budget=budget)
+                           variant=variant, length=length, budget=budget,
+                           geometry=GEOMETRY.value)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -218,9 +294,12 @@ def _close(a, b) -> bool:
 def _time(fns: dict, args, passes: int) -> tuple[dict, dict]:
   """(median, min) seconds per variant over interleaved passes. The minimum is the
   figure least disturbed by other processes on a shared machine (noise only adds)."""
-  for fn in fns.values():   # warm: compiled and run twice (symmem.jit refines on a second call)
-    jax.block_until_ready(fn(*args))
-    jax.block_until_ready(fn(*args))
+  for fn in fns.values():   # warm: compiled, and symmem.jit's refinements done
+    if hasattr(fn, "cache_info"):
+      _settle(fn, args)
+    else:
+      jax.block_until_ready(fn(*args))
+      jax.block_until_ready(fn(*args))
   times = {k: [] for k in fns}
   for _ in range(passes):
     for k, fn in fns.items():
@@ -232,6 +311,7 @@ def _time(fns: dict, args, passes: int) -> tuple[dict, dict]:
 
 
 def run_workload(w: Workload, passes: int) -> dict:
+  cpu = _platform() == "cpu"
   t0 = time.perf_counter()
   analysis = _analysis(w)
   plan_s = time.perf_counter() - t0
@@ -252,17 +332,18 @@ def run_workload(w: Workload, passes: int) -> dict:
     args = (state, *w.batch(length))
     exe0, _ = _compile_round(analysis, 0, dims, args)
     model0, xla0 = analysis.round_peak(0, dims), _footprint(exe0)
-    # The same round with the memory-optimized scheduler (what round 0 compiled with
-    # before it took jax.jit's options less XNNPACK): XLA sees every buffer either way.
-    exe0, _ = _compile_round(analysis, 0, dims, args, variants.CPU_COMPILER_OPTIONS)
-    xla0_memopt = _footprint(exe0)
+    xla0_memopt = None
+    if cpu:   # the same round with the memory-optimized scheduler (what round 0 compiled
+      # with before it took jax.jit's options less XNNPACK): XLA sees every buffer either way
+      exe0, _ = _compile_round(analysis, 0, dims, args, variants.CPU_COMPILER_OPTIONS)
+      xla0_memopt = _footprint(exe0)
     del exe0
     jit_real = _real(w.name, "jit", length)
     ckpt_real = per_layer_long if length == longest else _real(w.name, "per_layer", length)
     last_real = _real(w.name, "last_round", length)
     row = {
         "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
-        "xla_round0_memopt_mib": xla0_memopt / MiB,
+        "xla_round0_memopt_mib": xla0_memopt / MiB if cpu else None,
         "model_ok": _common.model_near_xla(model0, xla0),
         "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
         "last_round_real_mib": last_real["real"] / MiB,
@@ -277,11 +358,12 @@ def run_workload(w: Workload, passes: int) -> dict:
             flush=True)
       continue
     # Interleaved timing, in this process (per-layer compiled with barriers kept).
-    ckpt_exe = per_layer.lower(*args).compile(compiler_options=FENCE)
-    # Also with the budget's compile options (no XNNPACK fusions, F2): the planner's
-    # choice of what to recompute, apart from what those options cost on CPU.
-    ckpt_same = per_layer.lower(*args).compile(compiler_options={**FENCE, **NO_XNNPACK})
-    fns = {"symmem": step, "per_layer": ckpt_exe, "per_layer_same_options": ckpt_same}
+    ckpt_exe = per_layer.lower(*args).compile(compiler_options=_per_layer_options())
+    fns = {"symmem": step, "per_layer": ckpt_exe}
+    if cpu:   # also with the budget's compile options (no XNNPACK fusions, F2): the
+      # planner's choice of what to recompute, apart from what those options cost on CPU
+      fns["per_layer_same_options"] = per_layer.lower(*args).compile(
+          compiler_options={**FENCE, **NO_XNNPACK})
     if jit_real["real"] <= budget:
       fns["jit"] = ref
     times, fastest = _time(fns, args, passes)
@@ -291,9 +373,8 @@ def run_workload(w: Workload, passes: int) -> dict:
     # gradients (DESIGN.md; tests/test_loop_remat.py does the same).
     (variant,) = [v for v in step.variants()
                   if v["dims"] == dims and v["round"] == step.last_call["round"]]
-    options = (jit_lib.CPU_COMPILER_OPTIONS if variant["memory_options"]
-               else jit_lib.FAST_PATH_CPU_OPTIONS)
-    same = _close(step(*args), ref.lower(*args).compile(compiler_options=options)(*args))
+    same = _close(step(*args), ref.lower(*args).compile(
+        compiler_options=variant["compiler_options"])(*args))
     row.update({
         "symmem_real_mib": sym_real["real"] / MiB,
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
@@ -303,25 +384,28 @@ def run_workload(w: Workload, passes: int) -> dict:
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
         "time_vs_per_layer_min": fastest["symmem"] / fastest["per_layer"],
-        "time_vs_per_layer_same_options": times["symmem"] / times["per_layer_same_options"],
+        "time_vs_per_layer_same_options": (times["symmem"] / times["per_layer_same_options"]
+                                           if cpu else None),
         "time_vs_per_layer_same_options_min": (fastest["symmem"]
-                                               / fastest["per_layer_same_options"]),
+                                               / fastest["per_layer_same_options"]
+                                               if cpu else None),
         "time_vs_jit_min": fastest["symmem"] / fastest["jit"] if "jit" in fastest else None,
         "step_s": times, "step_s_min": fastest, "equal_to_jax_jit": same,
         "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB})
     vs_jit = (f"{row['time_vs_jit']:.2f} ({row['time_vs_jit_min']:.2f})" if row["time_vs_jit"]
               else "(jax.jit over)")
-    print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB "
-          f"(memory-optimized scheduler {xla0_memopt / MiB:.1f}) "
+    memopt = f" (memory-optimized scheduler {xla0_memopt / MiB:.1f})" if cpu else ""
+    same_options = (f"; with the budget's options {row['time_vs_per_layer_same_options']:.2f} "
+                    f"({row['time_vs_per_layer_same_options_min']:.2f})" if cpu else "")
+    print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB{memopt} "
           f"[{'ok' if row['model_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
           f"per-layer {row['per_layer_real_mib']:.1f}, last round {row['last_round_real_mib']:.1f} "
           f"(reach {row['reach']:.2f}), symmem {row['symmem_real_mib']:.1f} round "
           f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "
           f"{row['symmem_compiles']} (first call's round {row['symmem_first_round']}, "
-          f"{row['symmem_refinements']} refinement compiles on the second); timed round {row['timed_round']} (other live arrays "
+          f"{row['symmem_refinements']} refinement compiles on later calls); timed round {row['timed_round']} (other live arrays "
           f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f} "
-          f"(fastest passes {row['time_vs_per_layer_min']:.2f}; with the budget's options "
-          f"{row['time_vs_per_layer_same_options']:.2f} ({row['time_vs_per_layer_same_options_min']:.2f})), "
+          f"(fastest passes {row['time_vs_per_layer_min']:.2f}{same_options}), "
           f"vs jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
   return {"workload": w.name, "plan_s": plan_s, "rounds": len(analysis.rounds) - 1,
           "budget_mib": budget / MiB, "rows": rows}
@@ -330,9 +414,19 @@ def run_workload(w: Workload, passes: int) -> dict:
 def main(argv):
   del argv
   names = WORKLOADS_FLAG.value or list(WORKLOADS)
-  out = {"results": []}
+  # The fresh measuring processes replay this one's plans (and, off the CPU, where
+  # compiling is slow, its executables) instead of planning and compiling again.
+  scratch = tempfile.mkdtemp(prefix="bench_models_")
+  os.environ.setdefault("JAX_SYMMEM_PLAN_CACHE", os.path.join(scratch, "plans"))
+  if _platform() != "cpu":
+    os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.join(scratch, "xla"))
+    os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    jax.config.update("jax_compilation_cache_dir", os.environ["JAX_COMPILATION_CACHE_DIR"])
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+  out = {"results": [], "platform": _platform(), "device": str(jax.devices()[0]),
+         "geometry": dataclasses.asdict(GEOMETRIES[GEOMETRY.value])}
   for n in names:   # written after each workload: a long run keeps what it measured
-    w = WORKLOADS[n]()
+    w = WORKLOADS[n](GEOMETRIES[GEOMETRY.value])
     if QUICK.value:
       w = dataclasses.replace(w, lengths=tuple(s // 4 for s in w.lengths))
     out["results"].append(dict(run_workload(w, PASSES.value), load=os.getloadavg()))

@@ -1,12 +1,19 @@
-"""Real peak memory of a JAX call on the CPU, measured in a fresh process.
+"""Real peak memory of a JAX call, measured in a fresh process.
 
-The protocol (DESIGN.md F3), the only one that gave repeatable figures here:
+On the CPU (DESIGN.md F3), the only protocol that gave repeatable figures here:
 a fresh subprocess with `MALLOC_MMAP_THRESHOLD_=65536` set before Python starts
 (so freed buffers go back to the OS instead of being recycled), compile and one
 warm-up call, drop the warm-up's outputs and `gc.collect()`, reset the high-water
 mark (`echo 5 > /proc/self/clear_refs`), read VmRSS, run the call to completion,
 read VmHWM. The peak the call adds is VmHWM - VmRSS (the arguments are already
 resident); repeats agree within about 0.5 MiB.
+
+On a GPU or TPU the device allocator counts: `memory_stats()`'s `bytes_in_use`
+before the measured call and `peak_bytes_in_use` after it (the child runs with
+`XLA_PYTHON_CLIENT_PREALLOCATE=false`). The allocator's peak cannot be reset, so it
+also covers compilation (autotuning) and the warm-up call, which runs the same
+program: the figure is an upper bound on the call's peak, exact whenever the call
+itself is the largest thing the process ran.
 
 A workload is named as "module:function" plus JSON-able keyword arguments; the
 function runs in the subprocess and returns `(fn, args)`: `fn(*args)` is the call
@@ -29,8 +36,8 @@ _MARKER = "JAX_SYMMEM_MEASUREMENT "
 
 @dataclasses.dataclass(frozen=True)
 class Measurement:
-  rss_before: int      # bytes resident before the measured call
-  hwm: int             # high-water mark during the call
+  rss_before: int      # bytes resident (a device: in use) before the measured call
+  hwm: int             # high-water mark during the call (a device: the allocator's peak)
   extra: Mapping[str, Any]   # what the workload reported (e.g. argument bytes)
 
   @property
@@ -73,14 +80,21 @@ def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
   setup = getattr(importlib.import_module(module), name)
   fn, args, *rest = setup(**kwargs)
   extra = rest[0] if rest else {}
+  stats = jax.local_devices()[0].memory_stats()   # None on the CPU
   out = _block(fn(*args))          # compile + warm up
   del out
   gc.collect()
-  if not reset_high_water_mark():
-    raise OSError("/proc/self/clear_refs is not writable: VmHWM cannot be reset")
-  before = proc_status("VmRSS")
-  out = _block(fn(*args))
-  hwm = proc_status("VmHWM")
+  if stats:   # a device allocator: its own counters (module docstring)
+    device = jax.local_devices()[0]
+    before = device.memory_stats()["bytes_in_use"]
+    out = _block(fn(*args))
+    hwm = device.memory_stats()["peak_bytes_in_use"]
+  else:
+    if not reset_high_water_mark():
+      raise OSError("/proc/self/clear_refs is not writable: VmHWM cannot be reset")
+    before = proc_status("VmRSS")
+    out = _block(fn(*args))
+    hwm = proc_status("VmHWM")
   del out
   print(_MARKER + json.dumps({"rss_before": before, "hwm": hwm, "extra": extra}), flush=True)
 
@@ -88,6 +102,7 @@ def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
 def measure(spec: str, timeout: float = 600, **kwargs) -> Measurement:
   """Runs workload `spec` ("module:function") in a fresh process and measures its peak."""
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
+  env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # a device allocator grows as used
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
   code = ("import json, sys\nfrom jax_symmem import measure\n"
           "measure._child(sys.argv[1], json.loads(sys.argv[2]))")
