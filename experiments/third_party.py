@@ -1,0 +1,225 @@
+"""Models nobody here wrote: transformers' Flax T5 and GPT-2 under symmem.jit.
+
+Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
+a small random config, no download) with AdamW and a masked token loss:
+
+  t5    FlaxT5ForConditionalGenerationModule: relative position buckets, cross-attention,
+        source "b, s" and target "b, t" (t = s / 2)
+  gpt2  FlaxGPT2LMHeadModule: learned positions, a causal mask sliced from a table
+
+For each, at three shapes up to the longest: `symmem.jit` without a budget against
+`jax.jit` (they compile alike, so the updated state must be equal), then under budgets
+a fraction of the way from the plan's last round to round 0 (modeled peaks at the longest
+shape): the round each shape runs once its refinements are done, XLA's footprint of that
+variant, the compiles, and the updated state against `jax.jit` compiled with the
+variant's XLA options (rtol 1e-5, atol 1e-6; otherwise the largest difference, beside
+the spread between `jax.jit` with those options and with its defaults, for scale).
+
+  python -m experiments.third_party [--models t5,gpt2] [--fractions 0.1,0.3,0.6]
+
+Writes experiments/results/third_party.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+import types
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import _common
+from experiments._common import MiB
+import jax_symmem as symmem
+from jax_symmem._src import variants
+from jax_symmem.examples import llama
+
+
+def _numpy_with_old_clip():
+  """transformers 4.57's T5 calls `jnp.clip(x, a_max=...)`, which jax 0.10 removed: its
+  module gets a jax.numpy whose clip also takes the old keywords (nothing else changes)."""
+  compat = types.ModuleType("jax.numpy")
+  compat.__dict__.update(vars(jnp))
+  compat.clip = lambda x, a_min=None, a_max=None, **kw: jnp.clip(
+      x, kw.pop("min", a_min), kw.pop("max", a_max), **kw)
+  return compat
+
+
+def _t5():
+  from transformers import T5Config
+  from transformers.models.t5 import modeling_flax_t5
+  modeling_flax_t5.jnp = _numpy_with_old_clip()
+  cfg = T5Config(vocab_size=512, d_model=128, d_kv=32, d_ff=256, num_layers=2,
+                 num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=32,
+                 relative_attention_max_distance=128, dropout_rate=0.0,
+                 decoder_start_token_id=0, pad_token_id=0)
+  module = modeling_flax_t5.FlaxT5ForConditionalGenerationModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), t, jnp.ones_like(t))["params"]
+
+  def loss_fn(params, src, src_mask, tgt, tgt_mask):
+    decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
+    logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
+                          tgt_mask.astype(jnp.int32), return_dict=False)[0]
+    return _masked_nll(logits, tgt, tgt_mask)
+
+  def batch(b, s, rng):
+    t = s // 2
+    return (jnp.asarray(rng.randint(1, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32),
+            jnp.asarray(rng.randint(1, 512, (b, t)), jnp.int32), jnp.ones((b, t), jnp.float32))
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s, "t": s // 2},
+              shapes=(None, "b, s", "b, s", "b, t", "b, t"),
+              constraints=("s >= 2", "s <= 512", "t >= 2", "t <= 256", "b <= 4"))
+
+
+def _gpt2():
+  from transformers import GPT2Config
+  from transformers.models.gpt2.modeling_flax_gpt2 import FlaxGPT2LMHeadModule
+  cfg = GPT2Config(vocab_size=512, n_positions=512, n_embd=128, n_layer=3, n_head=4,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+  module = FlaxGPT2LMHeadModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), jnp.arange(4)[None])["params"]
+
+  def loss_fn(params, tokens, mask):
+    b, s = tokens.shape
+    positions = jnp.broadcast_to(jnp.arange(s)[None], (b, s))
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), positions,
+                          return_dict=False)[0]
+    return _masked_nll(logits[:, :-1], tokens[:, 1:], mask[:, 1:])
+
+  def batch(b, s, rng):
+    return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32))
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
+              shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
+
+
+def _masked_nll(logits, targets, mask):
+  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
+  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+MODELS = {"t5": _t5, "gpt2": _gpt2}
+LENGTHS = (64, 256, 512)
+BATCH = 4
+
+
+def _train_step(loss_fn, tx):
+  def train_step(state, *batch):
+    loss, grads = jax.value_and_grad(loss_fn)(state["params"], *batch)
+    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
+    return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
+  return train_step
+
+
+def _largest_difference(a, b) -> float:
+  return max(float(np.max(np.abs(np.asarray(x) - np.asarray(y))))
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def _close(a, b) -> bool:
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def _settle(step, args):
+  """Calls until a call compiles nothing (a shape's refinements compile one candidate per
+  call, on up to MAX_RECOMPILES calls after the first), then once more for the output.
+  Each output is dropped before the next call: held, it would count as other live
+  arrays (reserved bytes), as a training loop's replaced state does not."""
+  for _ in range(variants.MAX_RECOMPILES + 2):
+    compiles = step.cache_info()["compiles"]
+    jax.block_until_ready(step(*args))
+    if step.cache_info()["compiles"] == compiles:
+      break
+  return jax.block_until_ready(step(*args))
+
+
+def run_model(name: str, fractions) -> dict:
+  m = MODELS[name]()
+  tx = llama.make_optimizer()
+  params = m["init"](jax.random.PRNGKey(0))
+  state = {"params": params, "opt_state": tx.init(params)}
+  step_fn = _train_step(m["loss_fn"], tx)
+  rng = np.random.RandomState(0)
+  batches = {s: m["batch"](BATCH, s, rng) for s in LENGTHS}
+  ref = jax.jit(step_fn)
+  out = {"model": name, "plain": [], "budgets": []}
+  t0 = time.perf_counter()
+  plain = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"])
+  for s in LENGTHS:
+    args = (state, *batches[s])
+    got = jax.block_until_ready(plain(*args))
+    row = {"dims": m["dims"](BATCH, s), "round": plain.last_call["round"],
+           "equal_to_jax_jit": _close(got, ref(*args))}
+    out["plain"].append(row)
+    print(f"{name} {row['dims']} without a budget: equal to jax.jit: {row['equal_to_jax_jit']}",
+          flush=True)
+  analysis = plain.analyze(state, *batches[LENGTHS[0]])
+  out["plan_s"] = time.perf_counter() - t0   # the first call's trace and plan, plus three compiles
+  longest = m["dims"](BATCH, LENGTHS[-1])
+  peaks = [analysis.round_peak(k, longest) for k in range(len(analysis.rounds))]
+  out["rounds"] = len(peaks) - 1
+  out["modeled_mib_at_longest"] = [round(p / MiB, 1) for p in peaks]
+  print(f"{name}: {out['rounds']} rounds; modeled MiB at {longest}: {out['modeled_mib_at_longest']}",
+        flush=True)
+  for frac in fractions:
+    budget = _common.budget_between(min(peaks), peaks[0], frac)
+    step = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"],
+                      memory_budget=budget)
+    rows = []
+    for s in LENGTHS:
+      args = (state, *batches[s])
+      got = _settle(step, args)
+      call = step.last_call
+      (variant,) = [v for v in step.variants()
+                    if v["dims"] == call["dims"] and v["round"] == call["round"]]
+      options = variant["compiler_options"]
+      want = ref.lower(*args).compile(compiler_options=options)(*args)
+      row = {"dims": call["dims"], "round": call["round"], "xla_mib": call["xla_bytes"] / MiB,
+             "fits": call["xla_bytes"] + call["reserved"] <= budget,
+             "equal_to_jax_jit": _close(got, want), "cache_info": step.cache_info()}
+      if not row["equal_to_jax_jit"]:
+        row["largest_difference"] = _largest_difference(got, want)
+        row["jax_jit_options_vs_defaults"] = _largest_difference(want, ref(*args))
+      del got, want   # not live at the next shape's calls
+      rows.append(row)
+      print(f"{name} budget {budget / MiB:.1f} MiB {row['dims']}: round {row['round']}, XLA "
+            f"{row['xla_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), equal to jax.jit: "
+            f"{row['equal_to_jax_jit']}"
+            + (f" (largest difference {row['largest_difference']:.1e}; jax.jit with these options "
+               f"vs its defaults {row['jax_jit_options_vs_defaults']:.1e})"
+               if not row["equal_to_jax_jit"] else "")
+            + f"; {row['cache_info']}", flush=True)
+    out["budgets"].append({"fraction": frac, "budget_mib": budget / MiB, "rows": rows})
+  return out
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--models", default="t5,gpt2")
+  parser.add_argument("--fractions", default="0.1,0.3,0.6",
+                      help="budgets: this far from the last round's modeled peak to round 0's")
+  parser.add_argument("--out", default="experiments/results/third_party.json")
+  args = parser.parse_args(argv)
+  fractions = [float(f) for f in args.fractions.split(",")]
+  results = {"transformers": _common.package_version("transformers"), "batch": BATCH,
+             "lengths": LENGTHS, "results": []}
+  for name in args.models.split(","):
+    results["results"].append(run_model(name, fractions))
+    _common.write_results(args.out, results)
+  print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
