@@ -1,5 +1,6 @@
 """What the experiments share, one home each: units, the bytes of a tree, XLA's memory
-figures, the real peak of DESIGN.md F3 and the budget rules built on it, boolean flags,
+figures, the real peak of DESIGN.md F3 and the budget rules built on it, calling a
+symmem.jit step until its refinements are done and comparing its outputs, boolean flags,
 and the envelope every results file is written in (`write_results`).
 
 Flags are spelled as absl spells them, with underscores (`--max_len`, `--budget_mib`,
@@ -66,6 +67,36 @@ def real_peak(spec: str, **kwargs) -> dict:
   from jax_symmem import measure
   m = measure.measure(spec, **kwargs)
   return dict(m.extra, peak_delta=m.peak_delta, real=m.peak_delta + m.extra["argument_bytes"])
+
+
+# --- calling a step -----------------------------------------------------------------------------
+
+
+def trees_close(a, b) -> bool:
+  """Whether two pytrees of arrays agree leaf by leaf (rtol 1e-5, atol 1e-6): the
+  experiments' test of "equal to jax.jit's"."""
+  import jax
+  import numpy as np
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
+
+
+def settle(step, args) -> dict:
+  """Calls a symmem.jit step until a call compiles nothing, and returns the first call's
+  record (with its compiles): a shape's later calls may compile rounds that recompute
+  less (the refinement, one compile per call, at most MAX_RECOMPILES). Each output is
+  dropped before the next call: held, it would count as other live arrays (reserved
+  bytes), which a training loop's replaced state does not."""
+  import jax
+  from jax_symmem._src import variants
+  jax.block_until_ready(step(*args))
+  first = dict(step.last_call, compiles=step.cache_info()["compiles"])
+  for _ in range(variants.MAX_RECOMPILES + 1):
+    compiles = step.cache_info()["compiles"]
+    jax.block_until_ready(step(*args))
+    if step.cache_info()["compiles"] == compiles:
+      break
+  return first
 
 
 # --- budgets ------------------------------------------------------------------------------------

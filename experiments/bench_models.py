@@ -50,7 +50,6 @@ from typing import Callable
 from absl import app
 from absl import flags
 import jax
-import numpy as np
 
 from experiments import _common
 from experiments._common import MiB
@@ -242,25 +241,11 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
     return (lambda *a: exe(*flat)), args, dict(extra, xla=_footprint(exe), round=k)
   step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
                     memory_budget=budget)
-  first = _settle(step, args)   # the measured call runs the round every later call runs
+  first = _common.settle(step, args)   # the measured call runs the round every later call runs
   info = step.cache_info()
   return step, args, dict(extra, **{k: step.last_call[k] for k in ("round", "xla_bytes")},
                           compiles=first["compiles"], first_round=first["round"],
                           refinements=info["refinements"])
-
-
-def _settle(step, args) -> dict:
-  """Calls a symmem.jit step until a call compiles nothing, and returns the first call's
-  record (with its compiles): a shape's later calls may compile rounds that recompute
-  less (the refinement, one compile per call, at most MAX_RECOMPILES)."""
-  jax.block_until_ready(step(*args))
-  first = dict(step.last_call, compiles=step.cache_info()["compiles"])
-  for _ in range(variants.MAX_RECOMPILES + 1):
-    compiles = step.cache_info()["compiles"]
-    jax.block_until_ready(step(*args))
-    if step.cache_info()["compiles"] == compiles:
-      break
-  return first
 
 
 def _analysis(w: Workload):
@@ -286,17 +271,12 @@ def _real(workload, variant, length, budget=0) -> dict:
 # --- the run --------------------------------------------------------------------------------
 
 
-def _close(a, b) -> bool:
-  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
-             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-
-
 def _time(fns: dict, args, passes: int) -> tuple[dict, dict]:
   """(median, min) seconds per variant over interleaved passes. The minimum is the
   figure least disturbed by other processes on a shared machine (noise only adds)."""
   for fn in fns.values():   # warm: compiled, and symmem.jit's refinements done
     if hasattr(fn, "cache_info"):
-      _settle(fn, args)
+      _common.settle(fn, args)
     else:
       jax.block_until_ready(fn(*args))
       jax.block_until_ready(fn(*args))
@@ -373,7 +353,7 @@ def run_workload(w: Workload, passes: int) -> dict:
     # gradients (DESIGN.md; tests/test_loop_remat.py does the same).
     (variant,) = [v for v in step.variants()
                   if v["dims"] == dims and v["round"] == step.last_call["round"]]
-    same = _close(step(*args), ref.lower(*args).compile(
+    same = _common.trees_close(step(*args), ref.lower(*args).compile(
         compiler_options=variant["compiler_options"])(*args))
     row.update({
         "symmem_real_mib": sym_real["real"] / MiB,

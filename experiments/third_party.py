@@ -29,13 +29,12 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from experiments import _common
 from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem._src import variants
 from jax_symmem.examples import llama
+from jax_symmem.examples import t5
 
 
 def _numpy_with_old_clip():
@@ -66,7 +65,7 @@ def _t5():
     decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
     logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
                           tgt_mask.astype(jnp.int32), return_dict=False)[0]
-    return _masked_nll(logits, tgt, tgt_mask)
+    return t5.seq2seq_loss(logits, tgt, tgt_mask)
 
   def batch(b, s, rng):
     t = s // 2
@@ -94,7 +93,7 @@ def _gpt2():
     positions = jnp.broadcast_to(jnp.arange(s)[None], (b, s))
     logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), positions,
                           return_dict=False)[0]
-    return _masked_nll(logits[:, :-1], tokens[:, 1:], mask[:, 1:])
+    return llama.next_token_loss(logits, tokens, mask)
 
   def batch(b, s, rng):
     return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32))
@@ -103,22 +102,9 @@ def _gpt2():
               shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
 
 
-def _masked_nll(logits, targets, mask):
-  nll = -jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], axis=-1)[..., 0]
-  return jnp.sum(nll * mask) / jnp.maximum(jnp.sum(mask), 1.0)
-
-
 MODELS = {"t5": _t5, "gpt2": _gpt2}
 LENGTHS = (64, 256, 512)
 BATCH = 4
-
-
-def _train_step(loss_fn, tx):
-  def train_step(state, *batch):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], *batch)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates), "opt_state": opt_state}, loss
-  return train_step
 
 
 def _largest_difference(a, b) -> float:
@@ -126,30 +112,11 @@ def _largest_difference(a, b) -> float:
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
-def _close(a, b) -> bool:
-  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
-             for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
-
-
-def _settle(step, args):
-  """Calls until a call compiles nothing (a shape's refinements compile one candidate per
-  call, on up to MAX_RECOMPILES calls after the first), then once more for the output.
-  Each output is dropped before the next call: held, it would count as other live
-  arrays (reserved bytes), as a training loop's replaced state does not."""
-  for _ in range(variants.MAX_RECOMPILES + 2):
-    compiles = step.cache_info()["compiles"]
-    jax.block_until_ready(step(*args))
-    if step.cache_info()["compiles"] == compiles:
-      break
-  return jax.block_until_ready(step(*args))
-
-
 def run_model(name: str, fractions) -> dict:
   m = MODELS[name]()
-  tx = llama.make_optimizer()
   params = m["init"](jax.random.PRNGKey(0))
-  state = {"params": params, "opt_state": tx.init(params)}
-  step_fn = _train_step(m["loss_fn"], tx)
+  state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
+  step_fn = llama.adamw_train_step(m["loss_fn"])   # the same AdamW
   rng = np.random.RandomState(0)
   batches = {s: m["batch"](BATCH, s, rng) for s in LENGTHS}
   ref = jax.jit(step_fn)
@@ -161,7 +128,7 @@ def run_model(name: str, fractions) -> dict:
     got = jax.block_until_ready(plain(*args))
     out.setdefault("first_call_s", time.perf_counter() - t0)   # trace, plan, one compile
     row = {"dims": m["dims"](BATCH, s), "round": plain.last_call["round"],
-           "equal_to_jax_jit": _close(got, ref(*args))}
+           "equal_to_jax_jit": _common.trees_close(got, ref(*args))}
     out["plain"].append(row)
     print(f"{name} {row['dims']} without a budget: equal to jax.jit: {row['equal_to_jax_jit']}",
           flush=True)
@@ -179,7 +146,8 @@ def run_model(name: str, fractions) -> dict:
     rows = []
     for s in LENGTHS:
       args = (state, *batches[s])
-      got = _settle(step, args)
+      _common.settle(step, args)
+      got = jax.block_until_ready(step(*args))   # the round every later call runs
       call = step.last_call
       (variant,) = [v for v in step.variants()
                     if v["dims"] == call["dims"] and v["round"] == call["round"]]
@@ -187,7 +155,8 @@ def run_model(name: str, fractions) -> dict:
       want = ref.lower(*args).compile(compiler_options=options)(*args)
       row = {"dims": call["dims"], "round": call["round"], "xla_mib": call["xla_bytes"] / MiB,
              "fits": call["xla_bytes"] + call["reserved"] <= budget,
-             "equal_to_jax_jit": _close(got, want), "cache_info": step.cache_info()}
+             "equal_to_jax_jit": _common.trees_close(got, want),
+             "cache_info": step.cache_info()}
       if not row["equal_to_jax_jit"]:
         row["largest_difference"] = _largest_difference(got, want)
         row["jax_jit_options_vs_defaults"] = _largest_difference(want, ref(*args))

@@ -80,12 +80,11 @@ def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
   setup = getattr(importlib.import_module(module), name)
   fn, args, *rest = setup(**kwargs)
   extra = rest[0] if rest else {}
-  stats = jax.local_devices()[0].memory_stats()   # None on the CPU
+  device = jax.local_devices()[0]
   out = _block(fn(*args))          # compile + warm up
   del out
   gc.collect()
-  if stats:   # a device allocator: its own counters (module docstring)
-    device = jax.local_devices()[0]
+  if device.memory_stats():   # a device allocator (None on the CPU): its own counters
     before = device.memory_stats()["bytes_in_use"]
     out = _block(fn(*args))
     hwm = device.memory_stats()["peak_bytes_in_use"]
