@@ -272,6 +272,23 @@ def test_ops_of_library_jits_are_named_by_the_line_that_called_them():
   assert f"test_tracing.py:{lines['take']}" in labels["gather"], labels["gather"]
 
 
+def test_a_table_sliced_by_a_length_asks_for_the_bound_that_makes_it_trace():
+  # GPT-2 / GPT-Neo style: a causal mask sliced from a fixed table. Without a bound,
+  # jax.export sizes the slice min(16, s), which is not s; the advice names the
+  # constraint, and with it the same step traces.
+  table = jnp.tril(jnp.ones((16, 16), bool))
+
+  def f(x):
+    s = x.shape[1]
+    return jnp.where(table[None, :s, :s], x[:, :, None] * x[:, None, :], 0.0).sum()
+
+  x = jnp.ones((2, 8))
+  with pytest.raises(symmem.TracingError, match=r"constraints=\('s <= 16',\)"):
+    symmem.trace(f, x, polymorphic_shapes=("b, s",))
+  traced = symmem.trace(f, x, polymorphic_shapes=("b, s",), constraints=("s <= 16",))
+  assert traced.program.nodes
+
+
 def test_an_op_jax_cannot_trace_symbolically_is_a_tracing_error_with_advice():
   # jax.export itself refuses lax.associative_scan over a symbolic axis
   # (NotImplementedError); the user is told where and what to do instead.

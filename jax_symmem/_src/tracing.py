@@ -584,6 +584,12 @@ def _user_frame(tb) -> str | None:
 
 def _advice(e: BaseException, args=(), specs=()) -> str:
   msg = str(e)
+  bounds = _clamped_slices(msg)
+  if bounds:
+    return ("a slice of a fixed-size array (a position or causal-mask table) by a symbolic "
+            "length is clamped to the array's size, min(N, s), which is not s: if your "
+            "lengths never exceed the table, say so with constraints=("
+            + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
   if re.search(r"incompatible shapes|same shape|different leading axis sizes", msg):
     hint = _spec_mismatches(args, specs)
     if hint:
@@ -625,6 +631,13 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _clamped_slices(msg: str) -> list[str]:
+  """For sizes like min(512, s) in an error: the bounds that make them s ('s <= 512')."""
+  found = re.findall(r"min\((\d+), ([A-Za-z_]\w*)\)|min\(([A-Za-z_]\w*), (\d+)\)", msg)
+  bounds = {(a or d, int(n or m)) for n, a, d, m in found}
+  return [f"{dim} <= {n}" for dim, n in sorted(bounds)]
 
 
 def _deciding_constraints(msg: str) -> str:
