@@ -1,0 +1,118 @@
+"""What each round costs in XLA's own accounting, against per-layer checkpointing.
+
+Step time on a shared 2-core machine is noisy, and on CPU the budget's options cost
+time of their own (no XNNPACK fusions, README "Models as people write them"). XLA's
+`cost_analysis()` of a compiled executable is neither: for each workload of
+bench_models at its longest shape this compiles `jax.jit`, per-layer checkpointing
+(`nn.remat` on each layer, bench_models' options) and rounds of the plan (each with
+the options `symmem.jit` gives it) and records XLA's FLOPs, bytes accessed and
+`memory_analysis()` footprint, with the modeled peak beside it.
+
+Then, per workload, the question behind issue 10's step-time row: at a budget of
+1.25 x per-layer checkpointing's footprint (bench_models' budget is 1.25 x its real
+peak), which is the first round that XLA fits, and how many FLOPs and bytes does it
+move compared with per-layer checkpointing? A round that fits with fewer FLOPs can
+be faster on any machine; one that needs more cannot, whatever the options.
+
+XLA counts a `while` loop's body once (not times its trip count), so the scanned
+steps' FLOPs are comparable with each other (the recomputation is in the body for
+both per-layer checkpointing and the loop rounds), not with the unrolled steps'.
+
+  python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 8] [--out PATH]
+
+Writes experiments/results/round_cost.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import jax
+
+from experiments import _common
+from experiments import bench_models
+from experiments._common import MiB
+
+RESULTS = "experiments/results/round_cost.json"
+BUDGET_FACTOR = 1.25   # bench_models' budget, over per-layer checkpointing's peak
+
+
+def cost(exe) -> dict:
+  """XLA's FLOPs, bytes accessed and footprint of a compiled executable."""
+  analysis = exe.cost_analysis()
+  analysis = analysis[0] if isinstance(analysis, (list, tuple)) else analysis
+  return {"gflops": float(analysis.get("flops", 0.0)) / 1e9,
+          "gib_accessed": float(analysis.get("bytes accessed", 0.0)) / 2**30,
+          "xla_mib": _common.xla_memory(exe)["footprint"] / MiB}
+
+
+def sampled(last: int, most: int) -> list[int]:
+  """Round 0, the last, and evenly spaced ones between: at most `most` in all."""
+  if last + 1 <= most:
+    return list(range(last + 1))
+  return sorted({round(i * last / (most - 1)) for i in range(most)})
+
+
+def run_workload(name: str, max_rounds: int) -> dict:
+  w = bench_models.WORKLOADS[name]()
+  length = w.lengths[-1]
+  dims, args = w.dims(length), (w.state(), *w.batch(length))
+  out = {"workload": name, "dims": dims}
+  for variant, policy, options in (("jit", None, {}),
+                                   ("per_layer", "layer", bench_models._per_layer_options())):
+    out[variant] = cost(jax.jit(w.step(policy)).lower(*args).compile(compiler_options=options))
+    print(f"{name} {dims} {variant:>9}: " + _row(out[variant]), flush=True)
+  analysis = bench_models._analysis(w)
+  out["rounds"] = len(analysis.rounds) - 1
+  out["by_round"] = []
+  for k in sampled(out["rounds"], max_rounds):
+    exe, _ = bench_models._compile_round(analysis, k, dims, args)
+    row = {"round": k, **cost(exe), "model_mib": analysis.round_peak(k, dims) / MiB}
+    out["by_round"].append(row)
+    print(f"{name} {dims} round {k:>3}: " + _row(row) + f", modeled {row['model_mib']:.1f} MiB",
+          flush=True)
+  out["summary"] = summarize(out)
+  print(f"{name}: {out['summary']}", flush=True)
+  return out
+
+
+def _row(c: dict) -> str:
+  return (f"{c['gflops']:8.2f} GFLOP, {c['gib_accessed']:6.2f} GiB accessed, "
+          f"XLA {c['xla_mib']:6.1f} MiB")
+
+
+def summarize(out: dict) -> dict:
+  """The first sampled round within 1.25 x per-layer checkpointing's footprint, against it;
+  and the smallest footprint among rounds recomputing no more than per-layer checkpointing."""
+  jit, per_layer, rounds = out["jit"], out["per_layer"], out["by_round"]
+  recompute = lambda c: c["gflops"] - jit["gflops"]
+  budget = BUDGET_FACTOR * per_layer["xla_mib"]
+  summary = {"budget_mib": budget, "per_layer_recompute_gflops": recompute(per_layer)}
+  fitting = [r for r in rounds if r["xla_mib"] <= budget]
+  if fitting:
+    first = fitting[0]
+    summary.update(first_fitting_round=first["round"],
+                   recompute_vs_per_layer=recompute(first) / max(recompute(per_layer), 1e-9),
+                   accessed_vs_per_layer=first["gib_accessed"] / per_layer["gib_accessed"])
+  cheap = [r for r in rounds if r["gflops"] <= per_layer["gflops"]]
+  summary["smallest_mib_at_per_layer_flops_vs_per_layer"] = (
+      min(r["xla_mib"] for r in cheap) / per_layer["xla_mib"])
+  return summary
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--workloads", default="llama,llama_scan,nnx_scan,gpt2,t5")
+  parser.add_argument("--max_rounds", type=int, default=8, help="rounds compiled per workload")
+  parser.add_argument("--out", default=RESULTS)
+  args = parser.parse_args(argv)
+  results = []
+  for name in args.workloads.split(","):
+    results.append(run_workload(name, args.max_rounds))
+    _common.write_results(args.out, {"budget_factor": BUDGET_FACTOR, "results": results})
+  print(f"wrote {args.out}")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
