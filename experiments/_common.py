@@ -22,7 +22,7 @@ import platform
 import shlex
 import subprocess
 import sys
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 MiB = 2**20
 
@@ -212,3 +212,14 @@ def write_results(path, result: Mapping[str, Any]) -> pathlib.Path:
   path.parent.mkdir(parents=True, exist_ok=True)
   path.write_text(json.dumps(envelope(result), indent=1, default=str) + "\n")
   return path
+
+
+def run_workloads(names: str, run: Callable[[str], dict], out, **extra) -> list[dict]:
+  """`run(name)` for each comma-separated name, rewriting `out` after each (a long run keeps
+  what it measured) as {**extra, "results": [...]}; returns the results."""
+  results = []
+  for name in names.split(","):
+    results.append(run(name))
+    write_results(out, {**extra, "results": results})
+  print(f"wrote {out}")
+  return results

@@ -148,11 +148,7 @@ def main(argv=None) -> int:
   parser.add_argument("--workloads", default="llama,gpt2,t5")
   parser.add_argument("--out", default=RESULTS)
   args = parser.parse_args(argv)
-  results = []
-  for name in args.workloads.split(","):
-    results.append(run_workload(name))
-    _common.write_results(args.out, {"results": results})
-  print(f"wrote {args.out}")
+  _common.run_workloads(args.workloads, run_workload, args.out)
   return 0
 
 

@@ -80,15 +80,11 @@ def main(argv=None) -> None:
   parser.add_argument("--workloads", default="llama,llama_scan,llama_scan_remat,nnx_scan,gpt2,t5")
   parser.add_argument("--out", default=RESULTS)
   args = parser.parse_args(argv)
-  results = []
-  for name in args.workloads.split(","):
-    results.append(run_workload(name))
-    _common.write_results(args.out, {"results": results})   # a long run keeps what it measured
+  results = _common.run_workloads(args.workloads, run_workload, args.out)
   for kind in ("model_ok", "outputs_reserved_ok"):
     rows = [r for res in results for r in res["rows"]]
     print(f"{kind.replace('_ok', '')}: within 10 % + 8 MiB of XLA in "
           f"{sum(r[kind] for r in rows)} of {len(rows)} (workload, shape, round)")
-  print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":

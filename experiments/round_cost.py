@@ -106,11 +106,8 @@ def main(argv=None) -> int:
   parser.add_argument("--max_rounds", type=int, default=8, help="rounds compiled per workload")
   parser.add_argument("--out", default=RESULTS)
   args = parser.parse_args(argv)
-  results = []
-  for name in args.workloads.split(","):
-    results.append(run_workload(name, args.max_rounds))
-    _common.write_results(args.out, {"budget_factor": BUDGET_FACTOR, "results": results})
-  print(f"wrote {args.out}")
+  _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
+                        args.out, budget_factor=BUDGET_FACTOR)
   return 0
 
 

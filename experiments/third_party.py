@@ -88,7 +88,12 @@ def _gpt2():
   from transformers.models.gpt2.modeling_flax_gpt2 import FlaxGPT2LMHeadModule
   cfg = GPT2Config(vocab_size=512, n_positions=512, n_embd=128, n_layer=3, n_head=4,
                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-  module = FlaxGPT2LMHeadModule(cfg, dtype=jnp.float32)
+  return _causal_lm(FlaxGPT2LMHeadModule(cfg, dtype=jnp.float32), padded=False)
+
+
+def _causal_lm(module, padded: bool):
+  """A decoder-only LM module (tokens, attention mask, positions) with the next-token loss;
+  batches of full rows, or `padded` as `_padding_mask` pads them."""
 
   def init(key):
     t = jnp.zeros((1, 4), jnp.int32)
@@ -102,7 +107,8 @@ def _gpt2():
     return llama.next_token_loss(logits, tokens, mask)
 
   def batch(b, s, rng):
-    return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32))
+    mask = _padding_mask(b, s, rng) if padded else jnp.ones((b, s), jnp.float32)
+    return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), mask)
 
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
               shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
@@ -183,23 +189,7 @@ def _mistral():
   cfg = MistralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       sliding_window=128, tie_word_embeddings=False)
-  module = FlaxMistralForCausalLMModule(cfg, dtype=jnp.float32)
-
-  def init(key):
-    t = jnp.zeros((1, 4), jnp.int32)
-    return module.init(key, t, jnp.ones_like(t), jnp.arange(4)[None])["params"]
-
-  def loss_fn(params, tokens, mask):
-    b, s = tokens.shape
-    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32),
-                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), return_dict=False)[0]
-    return llama.next_token_loss(logits, tokens, mask)
-
-  def batch(b, s, rng):
-    return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), _padding_mask(b, s, rng))
-
-  return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
-              shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
+  return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=jnp.float32), padded=True)
 
 
 def _padding_mask(b, s, rng):
