@@ -6,8 +6,8 @@ for its own consumer, so a layer's shared work is recomputed once per consumer. 
 builds, from round 0 of a bench_models step at its longest shape, the rewrite that
 per-layer checkpointing does, with the planner's own parts:
 
-* a layer is a scope of the traced program ending in a layer index (`layer_3`,
-  `encoder/layer_0`, `h_1`, `block/2`: how Flax and HF name repeated layers);
+* a layer is a scope of the traced program ending in a layer index (`ir.layer_scope`:
+  `layer_3`, `encoder/layer_0`, `h_1`, `block/2`, as Flax and HF name repeated layers);
 * every value a layer's forward makes that is live across the peak and read by no
   later layer's forward is evicted (what a later layer reads, the layer's output, is
   its next layer's input and stays, as `jax.checkpoint` on the layer keeps it);
@@ -18,8 +18,9 @@ per-layer checkpointing does, with the planner's own parts:
 
 It compiles the result as `symmem.jit` compiles a fenced round, prints XLA's FLOPs,
 bytes accessed and footprint beside per-layer checkpointing's, and checks the updated
-state against `jax.jit` compiled with the same options. A measurement toward issue 10,
-not a planner feature: the planner's rounds do not build such regions yet.
+state against `jax.jit` compiled with the same options. The rounds can offer such
+regions as candidates (`remat.LAYER_GROUPS`, experimental and off; `round_cost
+--layer_groups` measures the ladder it gives).
 
   python -m experiments.layer_regions [--workloads llama,gpt2,t5] [--out PATH]
 
@@ -30,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import re
 
 import jax
 import numpy as np
@@ -44,19 +44,9 @@ from jax_symmem._src import memory
 from jax_symmem._src import remat
 from jax_symmem._src import tracing
 from jax_symmem._src import variants
-from jax_symmem._src.ir import Const
+from jax_symmem._src.ir import Const, layer_scope
 
 RESULTS = "experiments/results/layer_regions.json"
-# The scope up to its first component that ends in an index: "encoder/layer_0/attn" ->
-# "encoder/layer_0", "h_1" -> "h_1", "encoder/block/2/layer/0" -> "encoder/block/2".
-LAYER_SCOPE = re.compile(r"^((?:[^/]*/)*?[^/]*?\d+)(?:/|$)")
-
-
-def layer_of(source: str) -> str | None:
-  """The layer scope of a node's source label ("path:line (fn) @ scope"), or None."""
-  _, _, scope = source.partition(" @ ")
-  m = LAYER_SCOPE.match(scope)
-  return m.group(1) if scope and m else None
 
 
 def layer_regions(graph, program, order, env) -> tuple[list[remat.Region], dict]:
@@ -74,7 +64,7 @@ def layer_regions(graph, program, order, env) -> tuple[list[remat.Region], dict]
         first_after[v] = min(first_after.get(v, len(order)), p)
       else:
         forward_readers[v].add(node.index)
-  layer = {i: layer_of(n.source) for i, n in enumerate(program.nodes)}
+  layer = {i: layer_scope(n.source) for i, n in enumerate(program.nodes)}
   outputs = {x for x in program.outputs if not isinstance(x, Const)}
   at_peak = set(program.nodes[order[peak_pos]].operands)
   groups = collections.defaultdict(list)

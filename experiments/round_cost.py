@@ -19,6 +19,7 @@ steps' FLOPs are comparable with each other (the recomputation is in the body fo
 both per-layer checkpointing and the loop rounds), not with the unrolled steps'.
 
   python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 8] [--out PATH]
+      [--layer_groups]   # plan with remat.LAYER_GROUPS on (one candidate per layer, experimental)
 
 Writes experiments/results/round_cost.json (or --out).
 """
@@ -32,6 +33,7 @@ import jax
 from experiments import _common
 from experiments import bench_models
 from experiments._common import MiB
+from jax_symmem._src import remat
 
 RESULTS = "experiments/results/round_cost.json"
 BUDGET_FACTOR = 1.25   # bench_models' budget, over per-layer checkpointing's peak
@@ -105,9 +107,13 @@ def main(argv=None) -> int:
   parser.add_argument("--workloads", default="llama,llama_scan,nnx_scan,gpt2,t5")
   parser.add_argument("--max_rounds", type=int, default=8, help="rounds compiled per workload")
   parser.add_argument("--out", default=RESULTS)
+  parser.add_argument("--layer_groups", action="store_true",
+                      help="plan with each layer's residuals also offered as one candidate "
+                           "(remat.LAYER_GROUPS, experimental)")
   args = parser.parse_args(argv)
+  remat.LAYER_GROUPS = args.layer_groups
   _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
-                        args.out, budget_factor=BUDGET_FACTOR)
+                        args.out, budget_factor=BUDGET_FACTOR, layer_groups=args.layer_groups)
   return 0
 
 

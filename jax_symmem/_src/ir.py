@@ -108,6 +108,19 @@ def _per_node_table(ids_per_node: list[tuple[int, ...]]) -> tuple[np.ndarray, np
   return node_of, ids
 
 
+# A layer's scope: the scope up to its first component ending in an index, as Flax and
+# HF name repeated layers ("encoder/layer_0/attn" -> "encoder/layer_0", "h_1",
+# "encoder/block/2/layer/0" -> "encoder/block/2").
+_LAYER_SCOPE = re.compile(r"^((?:[^/]*/)*?[^/]*?\d+)(?:/|$)")
+
+
+def layer_scope(source: str) -> str | None:
+  """The layer a node's `source` ("path:line (fn) @ scope") belongs to, or None."""
+  _, _, scope = source.partition(" @ ")
+  m = _LAYER_SCOPE.match(scope) if scope else None
+  return m.group(1) if m else None
+
+
 def source_label(source: str, primitive: str = "") -> str:
   """A node's `source` for messages: the file without its directory
   ("model.py:41:8 (__call__) @ Block_3/LayerNorm_0"), or the primitive where JAX

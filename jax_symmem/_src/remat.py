@@ -19,6 +19,10 @@ the backward computes late (the deepest one still read from the consumer on), an
 those later reads take its fenced copy, so XLA's simplifier cannot drop it.
 Regions with the same consumer share one barrier and one recomputation: a node
 two of them need is recomputed once.
+
+With `LAYER_GROUPS` (experimental, off), each layer's residuals are also offered as
+one candidate (`RegionGroup`): regenerated together behind one fence from the layer's
+input, as `jax.checkpoint` on the layer does (README, "Models as people write them").
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program, source_label
+from jax_symmem._src.ir import Const, Node, Program, layer_scope, source_label
 
 # --- per-primitive rules ------------------------------------------------------------
 
@@ -84,6 +88,28 @@ class Region:
 
 
 @dataclasses.dataclass(frozen=True)
+class RegionGroup:
+  """A layer's residuals evicted together: its regions share one consumer (the layer's
+  first use after the peak), so `apply_regions` recomputes the layer once, behind one
+  fence, from values kept live there (its input, its weights), as `jax.checkpoint` on the
+  layer does. Ranked as one candidate: the bytes of all, the FLOPs of their union."""
+  regions: tuple[Region, ...]
+  saved: Poly
+  cost: Poly
+  layer: str                    # the layer's scope (`ir.layer_scope`)
+
+  def describe(self, graph: ShapeGraph, **dims: int) -> str:
+    at = at_dims(graph, self.saved, self.cost, dims)
+    return (f"evict layer {self.layer} ({len(self.regions)} values), recomputed once: "
+            f"saves {self.saved} B, recompute {self.cost} FLOPs" + at)
+
+
+# Whether the rounds also offer `RegionGroup`s (experimental, off: the published plans and
+# figures are made without them; experiments/layer_regions.py and round_cost measure them).
+LAYER_GROUPS = False
+
+
+@dataclasses.dataclass(frozen=True)
 class RematPlan:
   regions: tuple[Region, ...]       # ranked: cheapest FLOPs per byte saved first
   order: tuple[int, ...]            # the schedule the plan was made for
@@ -98,7 +124,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
          shape_of_interest: Mapping[str, int] | None = None,
          min_fraction: float = 0.002, donated: Iterable[int] = (),
          loops: Mapping[int, "loop_remat.LoopState"] | None = None,
-         node_flops: "NodeFlops | None" = None, descend: bool = True) -> RematPlan:
+         node_flops: "NodeFlops | None" = None, descend: bool = True,
+         layer_groups: bool = False) -> RematPlan:
   """Finds eviction candidates across the peak and their regeneration subgraphs.
 
   Args:
@@ -114,6 +141,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       candidates (`loop_remat.LoopEviction`), ranked with the regions.
     descend: where the peak is inside the body of a scan that is not such a pair
       (gradient accumulation), plan that body too (`body_remat.BodyEviction`s).
+    layer_groups: also offer each layer's residuals as one `RegionGroup`.
   """
   program = graph.traced.program if program is None else program
   order = tuple(order)
@@ -187,6 +215,10 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     cost = node_flops.cost(graph, [program.nodes[i] for i in nodes])
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
+  if layer_groups:
+    regions += _layer_groups(graph, program, order, candidates, producer, live_at, inputs,
+                             read_node[read_pos <= peak_pos], read_val[read_pos <= peak_pos],
+                             node_flops)
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
                               min_fraction * peak, inputs, last_use)
   counts = DecisionCounts()
@@ -242,6 +274,49 @@ class NodeFlops:
     total -= sum(self(graph, n) for n in before[len(program.nodes):])
     self._last = (program.nodes, total)
     return total
+
+
+def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, forward_node,
+                  forward_val, node_flops) -> list[RegionGroup]:
+  """Each layer's candidates as one `RegionGroup`: the values a layer's forward makes that
+  are live across the peak and read by no other layer's forward (what a later layer reads
+  is its input and stays, as `jax.checkpoint` on the layer keeps it), each regenerated
+  from arguments and values live at the layer's first use after the peak that no group
+  evicts, without a cost bound (the layer's forward bounds it)."""
+  nodes = program.nodes
+  layer = functools.lru_cache(maxsize=None)(lambda i: layer_scope(nodes[i].source))
+  other_readers: set[int] = set()
+  for i, v in zip(forward_node.tolist(), forward_val.tolist()):
+    if v in candidates and layer(i) != layer(producer[v]):
+      other_readers.add(v)
+  members: dict[str, list[int]] = {}
+  for v in candidates:
+    scope = layer(producer[v])
+    if scope is not None and v not in other_readers:
+      members.setdefault(scope, []).append(v)
+  evicted = {v for vs in members.values() for v in vs}
+  position = {n: k for k, n in enumerate(order)}
+  groups = []
+  for scope, values in members.items():
+    if len(values) < 2:
+      continue
+    u = min(candidates[v] for v in values)
+    anchor = lambda a, prefer_recompute, u=u: a in inputs or (a not in evicted and live_at(a, u))
+    regions, union = [], set()
+    for v in values:
+      found = _walk_back(program, producer, v, anchor, lambda i: 0, 0)
+      if found is None:   # something it needs is neither recomputable nor kept
+        break
+      sub, anchors = found
+      union.update(sub)
+      regions.append(Region(v, order[u], tuple(sorted(sub, key=position.__getitem__)), anchors,
+                            graph.bytes(v), node_flops.cost(graph, [nodes[i] for i in sub]),
+                            nodes[producer[v]].source))
+    else:
+      cost = node_flops.cost(graph, [nodes[i] for i in sorted(union)])
+      groups.append(RegionGroup(tuple(regions), sum((r.saved for r in regions), ZERO), cost,
+                                scope))
+  return groups
 
 
 def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_bytes,
@@ -676,7 +751,8 @@ class ReplayedRounds(collections.abc.Sequence):
 def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
                 shape_of_interest: Mapping[str, int] | None = None,
                 later_shapes: Sequence[Mapping[str, int]] | None = None, max_rounds: int = 24,
-                per_round: int = 4, patience: int = 3) -> tuple[tuple[Round, ...], dict]:
+                per_round: int = 4, patience: int = 3,
+                layer_groups: bool | None = None) -> tuple[tuple[Round, ...], dict]:
   """Repeatedly evicts the best-ranked regions across the current peak, as the paper does.
 
   Each round plans on the program as rewritten so far (so the peak it attacks is
@@ -694,8 +770,11 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   never spans (a GPT-2's b*s MLP activations, where at the longest sequence the
   b*s^2 attention probabilities decide), and the rounds are a ladder for every
   shape the step sees. Round k is a complete program: at run time, the smallest
-  k that fits the budget is dispatched.
+  k that fits the budget is dispatched. `layer_groups` (default `LAYER_GROUPS`) also
+  offers each layer's residuals as one candidate (`RegionGroup`).
   """
+  if layer_groups is None:
+    layer_groups = LAYER_GROUPS
   tight = dict(shape_of_interest or graph.max_dims())
   if later_shapes is None:
     later_shapes = [] if shape_of_interest else _smaller_shapes(graph, tight)
@@ -709,13 +788,14 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
       progress.update("remat round", len(rounds), max_rounds, at_most=True, peak=best)
       last = rounds[-1]
       p = plan(last.graph, last.order, program=last.program, shape_of_interest=at,
-               loops=last.loops, node_flops=node_flops)
+               loops=last.loops, node_flops=node_flops, layer_groups=layer_groups)
       counts += p.counts
       chosen: list[Region] = []
       saved, step = 0, best // max_rounds
       for r in p.regions:
-        if compatible(chosen, r):
-          chosen.append(r)
+        items = r.regions if isinstance(r, RegionGroup) else (r,)
+        if all(compatible(chosen + list(items[:j]), x) for j, x in enumerate(items)):
+          chosen.extend(items)
           saved += r.saved.evaluate(env)
         if len(chosen) >= per_round and saved >= step:
           break
