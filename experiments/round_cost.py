@@ -111,9 +111,9 @@ def main(argv=None) -> int:
                       help="plan with each layer's residuals also offered as one candidate "
                            "(remat.LAYER_GROUPS, experimental)")
   args = parser.parse_args(argv)
-  remat.LAYER_GROUPS = args.layer_groups
+  remat.LAYER_GROUPS = remat.LAYER_GROUPS or args.layer_groups   # or JAX_SYMMEM_LAYER_GROUPS=1
   _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
-                        args.out, budget_factor=BUDGET_FACTOR, layer_groups=args.layer_groups)
+                        args.out, budget_factor=BUDGET_FACTOR, layer_groups=remat.LAYER_GROUPS)
   return 0
 
 

@@ -31,6 +31,7 @@ import collections.abc
 import dataclasses
 import fractions
 import functools
+import os
 from typing import Iterable, Mapping, Sequence
 
 from jax import lax
@@ -106,7 +107,8 @@ class RegionGroup:
 
 # Whether the rounds also offer `RegionGroup`s (experimental, off: the published plans and
 # figures are made without them; experiments/layer_regions.py and round_cost measure them).
-LAYER_GROUPS = False
+# JAX_SYMMEM_LAYER_GROUPS=1 turns it on in a process and the measuring processes it starts.
+LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "") == "1"
 
 
 @dataclasses.dataclass(frozen=True)
