@@ -18,7 +18,7 @@ XLA counts a `while` loop's body once (not times its trip count), so the scanned
 steps' FLOPs are comparable with each other (the recomputation is in the body for
 both per-layer checkpointing and the loop rounds), not with the unrolled steps'.
 
-  python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 8] [--out PATH]
+  python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 24] [--out PATH]
       [--layer_groups]   # plan with remat.LAYER_GROUPS on (one candidate per layer, experimental)
 
 Writes experiments/results/round_cost.json (or --out).
@@ -105,7 +105,8 @@ def summarize(out: dict) -> dict:
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workloads", default="llama,llama_scan,nnx_scan,gpt2,t5")
-  parser.add_argument("--max_rounds", type=int, default=8, help="rounds compiled per workload")
+  parser.add_argument("--max_rounds", type=int, default=24,
+                      help="rounds compiled per workload (24: every round of a plan)")
   parser.add_argument("--out", default=RESULTS)
   parser.add_argument("--layer_groups", action="store_true",
                       help="plan with each layer's residuals also offered as one candidate "
