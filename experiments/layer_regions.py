@@ -12,9 +12,11 @@ per-layer checkpointing does, with the planner's own parts:
   later layer's forward is evicted (what a later layer reads, the layer's output, is
   its next layer's input and stays, as `jax.checkpoint` on the layer keeps it);
 * each evicted value regenerates from arguments and values kept live at its layer's
-  first backward use (`remat._walk_back`, no cost bound), and all of a layer's
-  regenerations share that consumer, so `remat.apply_regions` recomputes the layer
-  once behind one fence.
+  first backward use (no cost bound), and all of a layer's regenerations share that
+  consumer, so `remat.apply_regions` recomputes the layer once behind one fence.
+
+These are the `remat.RegionGroup`s the planner offers at round 0 (`remat.plan(...,
+layer_groups=True)`), all of them applied at once.
 
 It compiles the result as `symmem.jit` compiles a fenced round, prints XLA's FLOPs,
 bytes accessed and footprint beside per-layer checkpointing's, and checks the updated
@@ -30,10 +32,8 @@ Writes experiments/results/layer_regions.json (or --out).
 from __future__ import annotations
 
 import argparse
-import collections
 
 import jax
-import numpy as np
 
 from experiments import _common
 from experiments import bench_models
@@ -44,58 +44,21 @@ from jax_symmem._src import memory
 from jax_symmem._src import remat
 from jax_symmem._src import tracing
 from jax_symmem._src import variants
-from jax_symmem._src.ir import Const, layer_scope
 
 RESULTS = "experiments/results/layer_regions.json"
 
 
-def layer_regions(graph, program, order, env) -> tuple[list[remat.Region], dict]:
-  """Regions evicting every layer's residuals, one consumer (so one recomputation) per layer."""
-  peak_pos, _ = memory.peak_step(graph, env, program, order)
-  pos = {n: i for i, n in enumerate(order)}
-  producer = {o: n.index for n in program.nodes for o in n.outputs}
-  first_after, last_use = {}, collections.defaultdict(lambda: -1)
-  forward_readers = collections.defaultdict(set)
-  for node in program.nodes:
-    p = pos[node.index]
-    for v in node.operands:
-      last_use[v] = max(last_use[v], p)
-      if p > peak_pos:
-        first_after[v] = min(first_after.get(v, len(order)), p)
-      else:
-        forward_readers[v].add(node.index)
-  layer = {i: layer_scope(n.source) for i, n in enumerate(program.nodes)}
-  outputs = {x for x in program.outputs if not isinstance(x, Const)}
-  at_peak = set(program.nodes[order[peak_pos]].operands)
-  groups = collections.defaultdict(list)
-  for v in first_after:
-    made = producer.get(v)
-    if (made is None or pos[made] >= peak_pos or v in outputs or v in at_peak
-        or layer[made] is None):
-      continue
-    if all(layer[i] == layer[made] for i in forward_readers[v]):   # not a later layer's input
-      groups[layer[made]].append(v)
-  evicted = {v for vs in groups.values() for v in vs}
-  inputs = set(program.inputs)
-  size = memory.order_tables(graph, env, program).size_of
-  regions = []
-  for name, values in groups.items():
-    u = min(first_after[v] for v in values)
-
-    def anchor(a, prefer_recompute):
-      del prefer_recompute
-      if a in inputs:
-        return True
-      return a in producer and a not in evicted and pos[producer[a]] < u and last_use[a] >= u
-
-    for v in values:
-      nodes, anchors = remat._walk_back(program, producer, v, anchor, lambda i: 0, 1 << 62)
-      regions.append(remat.Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)),
-                                  anchors, graph.bytes(v), graph.bytes(v),
-                                  program.nodes[producer[v]].source))
-  sizes = {name: {"values": len(vs), "mib": sum(size(v) for v in vs) / MiB}
-           for name, vs in sorted(groups.items())}
-  return regions, sizes
+def layer_regions(first, dims) -> tuple[list[remat.Region], dict]:
+  """Every layer's residuals evicted as the planner's `remat.RegionGroup`s offer them at
+  round 0: one consumer, so one recomputation, per layer."""
+  plan = remat.plan(first.graph, first.order, program=first.program, shape_of_interest=dims,
+                    loops=first.loops, layer_groups=True)
+  groups = [g for g in plan.regions if isinstance(g, remat.RegionGroup)]
+  size = memory.order_tables(first.graph, first.graph.constraints.complete(dims),
+                             first.program).size_of
+  sizes = {g.layer: {"values": len(g.regions), "mib": sum(size(r.value) for r in g.regions) / MiB}
+           for g in sorted(groups, key=lambda g: g.layer)}
+  return [r for g in groups for r in g.regions], sizes
 
 
 def run_workload(name: str) -> dict:
@@ -106,7 +69,7 @@ def run_workload(name: str) -> dict:
   analysis = bench_models._analysis(w)
   first = analysis.rounds[0]
   env = first.graph.constraints.complete(dims)
-  regions, groups = layer_regions(first.graph, first.program, tuple(first.order), env)
+  regions, groups = layer_regions(first, dims)
   program, order, blocks = remat.apply_regions(first.program, first.order, regions)
   graph = first.graph.extended(program, remat._copies(program, blocks))
   specialized = tracing.specialize_program(program, env)

@@ -107,7 +107,7 @@ def _causal_lm(module, padded: bool):
     return llama.next_token_loss(logits, tokens, mask)
 
   def batch(b, s, rng):
-    mask = _padding_mask(b, s, rng) if padded else jnp.ones((b, s), jnp.float32)
+    mask = _padding_mask(b, s) if padded else jnp.ones((b, s), jnp.float32)
     return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), mask)
 
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
@@ -140,8 +140,8 @@ def _bart():
 
   def batch(b, s, rng):
     t = s // 2
-    return (jnp.asarray(rng.randint(3, 512, (b, s)), jnp.int32), _padding_mask(b, s, rng),
-            jnp.asarray(rng.randint(3, 512, (b, t)), jnp.int32), _padding_mask(b, t, rng))
+    return (jnp.asarray(rng.randint(3, 512, (b, s)), jnp.int32), _padding_mask(b, s),
+            jnp.asarray(rng.randint(3, 512, (b, t)), jnp.int32), _padding_mask(b, t))
 
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s, "t": s // 2},
               shapes=(None, "b, s", "b, s", "b, t", "b, t"),
@@ -171,7 +171,7 @@ def _bert():
 
   def batch(b, s, rng):
     labels = rng.randint(5, 512, (b, s)).astype(np.int32)
-    mask = np.asarray(_padding_mask(b, s, rng))
+    mask = np.asarray(_padding_mask(b, s))
     chosen = (rng.rand(b, s) < 0.15) & (mask > 0)   # 15 % of the real tokens are masked
     tokens = np.where(mask > 0, np.where(chosen, mask_token, labels), 0).astype(np.int32)
     token_types = np.zeros((b, s), np.int32)
@@ -192,10 +192,9 @@ def _mistral():
   return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=jnp.float32), padded=True)
 
 
-def _padding_mask(b, s, rng):
+def _padding_mask(b, s):
   """Padded batches as a data loader makes them: rows 1 and 3 end with a quarter and a half
-  of padding (mask 0); `rng` is unused, for the same signature as the token draws."""
-  del rng
+  of padding (mask 0)."""
   mask = np.ones((b, s), np.float32)
   for row, fraction in ((1, 4), (3, 2)):
     if row < b:
