@@ -157,12 +157,15 @@ def python_speed_us() -> float:
 
 def environment(python_loop_us: float | None = None) -> dict:
   """Versions, platform, CPUs, load average and Python speed (`python_speed_us`, measured
-  here unless given) of this machine (no host name)."""
+  here unless given) of this machine (no host name), and whether the planner evicts layers
+  whole (`remat.LAYER_GROUPS`: JAX_SYMMEM_LAYER_GROUPS=0 turns it off)."""
+  from jax_symmem._src import remat
   return {"python": platform.python_version(), "jax": package_version("jax"),
           "jaxlib": package_version("jaxlib"), "flax": package_version("flax"),
           "platform": platform.platform(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
-          "python_loop_us": python_speed_us() if python_loop_us is None else python_loop_us}
+          "python_loop_us": python_speed_us() if python_loop_us is None else python_loop_us,
+          "layer_groups": remat.LAYER_GROUPS}
 
 
 def command() -> str:

@@ -20,9 +20,9 @@ layer_groups=True)`), all of them applied at once.
 
 It compiles the result as `symmem.jit` compiles a fenced round, prints XLA's FLOPs,
 bytes accessed and footprint beside per-layer checkpointing's, and checks the updated
-state against `jax.jit` compiled with the same options. The rounds can offer such
-regions as candidates (`remat.LAYER_GROUPS`, experimental and off; `round_cost
---layer_groups` measures the ladder it gives).
+state against `jax.jit` compiled with the same options. The rounds offer such
+groups as candidates, in place of their values alone (`remat.LAYER_GROUPS`; `round_cost`
+measures the ladder it gives, `--no_layer_groups` the one without).
 
   python -m experiments.layer_regions [--workloads llama,gpt2,t5] [--out PATH]
 

@@ -19,7 +19,7 @@ steps' FLOPs are comparable with each other (the recomputation is in the body fo
 both per-layer checkpointing and the loop rounds), not with the unrolled steps'.
 
   python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 24] [--out PATH]
-      [--layer_groups]   # plan with remat.LAYER_GROUPS on (one candidate per layer, experimental)
+      [--no_layer_groups]   # plan with each value offered alone (remat.LAYER_GROUPS off)
 
 Writes experiments/results/round_cost.json (or --out).
 """
@@ -108,11 +108,11 @@ def main(argv=None) -> int:
   parser.add_argument("--max_rounds", type=int, default=24,
                       help="rounds compiled per workload (24: every round of a plan)")
   parser.add_argument("--out", default=RESULTS)
-  parser.add_argument("--layer_groups", action="store_true",
-                      help="plan with each layer's residuals also offered as one candidate "
-                           "(remat.LAYER_GROUPS, experimental)")
+  parser.add_argument("--no_layer_groups", action="store_true",
+                      help="plan with each value offered alone, not a layer's as one "
+                           "candidate (remat.LAYER_GROUPS off; or JAX_SYMMEM_LAYER_GROUPS=0)")
   args = parser.parse_args(argv)
-  remat.LAYER_GROUPS = remat.LAYER_GROUPS or args.layer_groups   # or JAX_SYMMEM_LAYER_GROUPS=1
+  remat.LAYER_GROUPS = remat.LAYER_GROUPS and not args.no_layer_groups
   _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
                         args.out, budget_factor=BUDGET_FACTOR, layer_groups=remat.LAYER_GROUPS)
   return 0

@@ -162,9 +162,10 @@ def test_argument_divisors_are_part_of_the_key():
   assert len(keys) == 3
 
 
-def test_the_experimental_layer_groups_are_part_of_the_key(monkeypatch):
+def test_whether_layers_are_evicted_whole_is_part_of_the_key(monkeypatch):
   from jax_symmem._src import remat
   jaxprs = [jax.make_jaxpr(lambda x: x * 2)(1.0)]
+  monkeypatch.setattr(remat, "LAYER_GROUPS", False)
   off = plan_cache.fingerprint(jaxprs, ("b <= 8",), None, None)
   monkeypatch.setattr(remat, "LAYER_GROUPS", True)
   assert plan_cache.fingerprint(jaxprs, ("b <= 8",), None, None) != off

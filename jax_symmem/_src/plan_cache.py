@@ -81,8 +81,8 @@ def fingerprint(programs: Sequence[Any], constraints: Sequence[str], memory_budg
             "argument_divisors": None if argument_divisors is None
             else [list(map(int, d)) for d in argument_divisors],
             "settings": dict(settings or {})}
-  if remat.LAYER_GROUPS:   # the experimental planner makes other plans (keys without it unchanged)
-    header["settings"]["layer_groups"] = True
+  if remat.LAYER_GROUPS:   # layers evicted whole: other plans (keys without them unchanged)
+    header["settings"]["remat_candidates"] = "layers"
   h.update(json.dumps(header, sort_keys=True).encode())
   for p in programs:
     h.update(b"\0jaxpr\0")

@@ -20,9 +20,11 @@ those later reads take its fenced copy, so XLA's simplifier cannot drop it.
 Regions with the same consumer share one barrier and one recomputation: a node
 two of them need is recomputed once.
 
-With `LAYER_GROUPS` (experimental, off), each layer's residuals are also offered as
-one candidate (`RegionGroup`): regenerated together behind one fence from the layer's
-input, as `jax.checkpoint` on the layer does (README, "Models as people write them").
+A layer's residuals are offered as one candidate (`RegionGroup`, unless `LAYER_GROUPS`
+is off), in place of each alone: regenerated together behind one fence from the layer's
+input, as `jax.checkpoint` on the layer does (README, "Models as people write them"). So
+a round evicts a whole layer or values outside any layer, and its recomputation is per-layer
+checkpointing's on the layers it evicts.
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ class RegionGroup:
   first use after the peak), so `apply_regions` recomputes the layer once, behind one
   fence, from values kept live there (its input, its weights), as `jax.checkpoint` on the
   layer does. Ranked as one candidate: the bytes of all, the FLOPs of their union."""
-  regions: tuple[Region, ...]
+  regions: tuple[Region, ...]   # or body_remat.BodyEviction: a layer of a scan body
   saved: Poly
   cost: Poly
   layer: str                    # the layer's scope (`ir.layer_scope`)
@@ -105,10 +107,13 @@ class RegionGroup:
             f"saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
 
-# Whether the rounds also offer `RegionGroup`s (experimental, off: the published plans and
-# figures are made without them; experiments/layer_regions.py and round_cost measure them).
-# JAX_SYMMEM_LAYER_GROUPS=1 turns it on in a process and the measuring processes it starts.
-LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "") == "1"
+# Whether the rounds offer a layer's residuals as one `RegionGroup` in place of each alone.
+# Alone, each regenerated for its own consumer, the unrolled decoders' rounds were dominated
+# by per-layer checkpointing (experiments/round_cost.py: GPT-2's first round within 1.25 x its
+# footprint recomputed 1.34 x its FLOPs; with groups alone 0.75 x). Offered beside the values
+# alone, the groups ranked behind them (the model credits values XLA fuses away) and the
+# Llama never took one. JAX_SYMMEM_LAYER_GROUPS=0 turns them off (the plans before 2026-12-03).
+LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "1") != "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -143,7 +148,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       candidates (`loop_remat.LoopEviction`), ranked with the regions.
     descend: where the peak is inside the body of a scan that is not such a pair
       (gradient accumulation), plan that body too (`body_remat.BodyEviction`s).
-    layer_groups: also offer each layer's residuals as one `RegionGroup`.
+    layer_groups: offer each layer's residuals as one `RegionGroup`, in place of each
+      alone (a value no group takes, outside any layer, is still offered alone).
   """
   program = graph.traced.program if program is None else program
   order = tuple(order)
@@ -218,15 +224,17 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
   if layer_groups:
-    regions += _layer_groups(graph, program, order, candidates, producer, live_at, inputs,
-                             read_node[read_pos <= peak_pos], read_val[read_pos <= peak_pos],
-                             node_flops)
+    groups = _layer_groups(graph, program, order, candidates, producer, live_at, inputs,
+                           read_node[read_pos <= peak_pos], read_val[read_pos <= peak_pos],
+                           node_flops)
+    grouped = {r.value for g in groups for r in g.regions}
+    regions = [r for r in regions if r.value not in grouped] + groups
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
                               min_fraction * peak, inputs, last_use)
   counts = DecisionCounts()
   if descend and order:
     inner, counts = _body_candidates(graph, program, order[peak_pos], tight, env, loops or {},
-                                     node_flops)
+                                     node_flops, layer_groups)
     regions += inner
   decider = Decider(graph.constraints, env)
   ranked = tuple(_rank(regions, decider))
@@ -284,9 +292,19 @@ def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, 
   are live across the peak and read by no other layer's forward (what a later layer reads
   is its input and stays, as `jax.checkpoint` on the layer keeps it), each regenerated
   from arguments and values live at the layer's first use after the peak that no group
-  evicts, without a cost bound (the layer's forward bounds it)."""
+  evicts, without a cost bound (the layer's forward bounds it).
+
+  The last layer before the peak forms no group, and values a recomputation made join none:
+  its backward comes first, right after the peak, so regenerated whole it would be live again
+  there, its values back where they were evicted (a one-layer model's peak is in that
+  backward); evicted alone, each comes back right before its own use. Once a round has
+  evicted a layer whole, its regenerated values are likewise evicted one at a time."""
   nodes = program.nodes
   layer = functools.lru_cache(maxsize=None)(lambda i: layer_scope(nodes[i].source))
+  position = {n: k for k, n in enumerate(order)}
+  forward = [i for i in set(forward_node.tolist())
+             if layer(i) is not None and not nodes[i].source.endswith(RECOMPUTED)]
+  last = layer(max(forward, key=position.__getitem__)) if forward else None
   other_readers: set[int] = set()
   for i, v in zip(forward_node.tolist(), forward_val.tolist()):
     if v in candidates and layer(i) != layer(producer[v]):
@@ -294,10 +312,10 @@ def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, 
   members: dict[str, list[int]] = {}
   for v in candidates:
     scope = layer(producer[v])
-    if scope is not None and v not in other_readers:
+    if scope not in (None, last) and v not in other_readers \
+        and not nodes[producer[v]].source.endswith(RECOMPUTED):
       members.setdefault(scope, []).append(v)
   evicted = {v for vs in members.values() for v in vs}
-  position = {n: k for k, n in enumerate(order)}
   groups = []
   for scope, values in members.items():
     if len(values) < 2:
@@ -338,7 +356,7 @@ def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_b
   return out
 
 
-def _body_candidates(graph, program, index, tight, env, loops, node_flops):
+def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer_groups):
   """The regions of the body of the scan at node `index` as `BodyEviction`s, where
   the peak step is that scan and its body's working set is part of the peak."""
   node = program.nodes[index]
@@ -350,9 +368,14 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops):
   # derived afresh from the body as it stands, so a pair rewritten in an earlier round
   # offers its remaining residuals.
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
-               node_flops=node_flops, loops=loop_remat.pairs(body), descend=False)
+               node_flops=node_flops, loops=loop_remat.pairs(body), descend=False,
+               layer_groups=layer_groups)
   trips = scan_length(node)
-  return [body_remat.BodyEviction(index, r, trips) for r in inner.regions], inner.counts
+  def in_body(r):
+    if isinstance(r, RegionGroup):   # a layer of the body: its members, ranked as one
+      return RegionGroup(tuple(in_body(x) for x in r.regions), r.saved, r.cost * trips, r.layer)
+    return body_remat.BodyEviction(index, r, trips)
+  return [in_body(r) for r in inner.regions], inner.counts
 
 
 def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
@@ -433,6 +456,9 @@ def _rank(regions: list[Region], decider: Decider) -> list[Region]:
 
 # --- rewrite ----------------------------------------------------------------------------
 
+
+# The mark on a recomputed node's source (a clone `apply_regions` makes).
+RECOMPUTED = " [recomputed]"
 
 # Never a trigger: XLA duplicates these into each consumer instead of materializing
 # them, so fencing one would force a buffer XLA never needs.
@@ -573,7 +599,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
         clone = dataclasses.replace(
             old, index=len(nodes), outputs=tuple(outs),
             inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
-            source=old.source + " [recomputed]")
+            source=old.source + RECOMPUTED)
         nodes.append(clone)
         new_order.append(clone.index)
         clone_of[i] = clone.index
@@ -772,8 +798,8 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
   never spans (a GPT-2's b*s MLP activations, where at the longest sequence the
   b*s^2 attention probabilities decide), and the rounds are a ladder for every
   shape the step sees. Round k is a complete program: at run time, the smallest
-  k that fits the budget is dispatched. `layer_groups` (default `LAYER_GROUPS`) also
-  offers each layer's residuals as one candidate (`RegionGroup`).
+  k that fits the budget is dispatched. `layer_groups` (default `LAYER_GROUPS`): offer
+  each layer's residuals as one candidate (`RegionGroup`), not each alone.
   """
   if layer_groups is None:
     layer_groups = LAYER_GROUPS
