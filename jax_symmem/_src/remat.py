@@ -204,6 +204,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     node_flops = NodeFlops(env)
   step = node_flops.total(graph, program)
   evictable = sum(size_at(v) for v in candidates)
+  through = fenced_originals(program)
   regions = []
   for v, u in candidates.items():
     limit = size_at(v) // 2
@@ -216,7 +217,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
       return not prefer_recompute or size_at(a) <= limit
     sub = _regeneration(program, producer, v, anchor,
                         lambda i: node_flops(graph, program.nodes[i]),
-                        size_at(v) * step // max(evictable, 1))   # exact: FLOPs are integers
+                        size_at(v) * step // max(evictable, 1),   # exact: FLOPs are integers
+                        through)
     if sub is None:
       continue
     nodes, anchors = sub
@@ -378,7 +380,16 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer
   return [in_body(r) for r in inner.regions], inner.counts
 
 
-def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
+def fenced_originals(program: Program) -> dict[int, int]:
+  """Each value our fences (`apply_regions`) output -> the value it copies. A recomputed
+  value reads its anchors' fenced copies, which die there; regenerating it again later
+  (once a layer evicted whole is live again in its backward) reads the originals, which
+  the backward keeps (an optimization barrier is the identity)."""
+  return {o: i for n in program.nodes if n.name == "optimization_barrier"
+          and n.source.startswith(FENCE_SOURCE) for i, o in zip(n.inputs, n.outputs)}
+
+
+def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost, through=None):
   """(nodes, anchors) recomputing `value`, or None.
 
   Walks back from `value`: a small value that is live at the use (or an
@@ -388,17 +399,19 @@ def _regeneration(program: Program, producer, value, anchor, cost_of, max_cost):
   neither live nor recomputable within it), it walks again reading every value
   that is live at the use: a layer's residuals then regenerate from the
   residuals that stay, as with per-layer checkpointing, instead of not at all.
+  A fenced copy (`through`: `fenced_originals`) that is not live is read as its original.
   """
-  found = _walk_back(program, producer, value, anchor, cost_of, max_cost)
+  found = _walk_back(program, producer, value, anchor, cost_of, max_cost, through)
   if found is None:
     def live(a, prefer_recompute):
       del prefer_recompute   # any live value will do
       return anchor(a, prefer_recompute=False)
-    found = _walk_back(program, producer, value, live, cost_of, max_cost)
+    found = _walk_back(program, producer, value, live, cost_of, max_cost, through)
   return found
 
 
-def _walk_back(program: Program, producer, value, anchor, cost_of, max_cost):
+def _walk_back(program: Program, producer, value, anchor, cost_of, max_cost, through=None):
+  through = through or {}
   nodes: list[int] = []
   cost, taken = 0, set()
   anchors: set[int] = set()
@@ -410,6 +423,12 @@ def _walk_back(program: Program, producer, value, anchor, cost_of, max_cost):
     seen.add(v)
     if v != value and anchor(v, prefer_recompute=True):
       anchors.add(v)
+      continue
+    if v != value and v in through:   # a fenced copy: itself where live, else the original
+      if anchor(v, prefer_recompute=False):
+        anchors.add(v)
+      else:
+        stack.append(through[v])
       continue
     node = program.nodes[producer[v]] if v in producer else None
     if node is not None and recomputable(node) and (
@@ -457,8 +476,10 @@ def _rank(regions: list[Region], decider: Decider) -> list[Region]:
 # --- rewrite ----------------------------------------------------------------------------
 
 
-# The mark on a recomputed node's source (a clone `apply_regions` makes).
+# The mark on a recomputed node's source (a clone `apply_regions` makes), and the start of
+# the source of its fences.
 RECOMPUTED = " [recomputed]"
+FENCE_SOURCE = "jax_symmem remat fence"
 
 # Never a trigger: XLA duplicates these into each consumer instead of materializing
 # them, so fencing one would force a buffer XLA never needs.
@@ -549,14 +570,16 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   nodes = list(program.nodes)
   avals = dict(program.avals)
   next_id = program.max_id() + 1
+  through = fenced_originals(program)
   position = {i: k for k, i in enumerate(order)}
   groups: dict[int, list[Region]] = {}
   for r in regions:
     groups.setdefault(r.consumer, []).append(r)
   consumers = sorted(groups, key=position.__getitem__)
   triggers_of = _Triggers(program, order, max((position[c] for c in consumers), default=0))
+  evicted_here = {r.value for r in regions}   # never a trigger: their later reads are renamed
   trigger_of = {c: triggers_of.at(position[c], {a for r in groups[c] for a in r.anchors}
-                                  | {r.value for r in groups[c]}) for c in consumers}
+                                  | evicted_here) for c in consumers}
   readers = _readers(program, {r.value for r in regions}
                      | {t for t in trigger_of.values() if t is not None})
   order = list(order)
@@ -578,10 +601,18 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
       next_id += 1
     barrier = Node(index=len(nodes), primitive=lax.optimization_barrier_p, params={},
                    inputs=tuple(fenced_in), outputs=tuple(fenced_out),
-                   source=f"jax_symmem remat fence for values {sorted(evicted)}")
+                   source=f"{FENCE_SOURCE} for values {sorted(evicted)}")
     nodes.append(barrier)
     new_order = [barrier.index]
     mapping = dict(zip(anchors, fenced_out))
+
+    def read(x):
+      """What a clone reads for `x`: a fenced anchor, a clone's output, or a fenced copy
+      of an earlier fence read through to its original (`fenced_originals`)."""
+      y = x
+      while y not in mapping and y in through:
+        y = through[y]
+      return mapping.get(y, x)
     # 2. Clones of the regeneration subgraphs read the fenced anchors; a node two
     # regions of the group recompute is cloned once.
     clone_of: dict[int, int] = {}
@@ -598,7 +629,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
           next_id += 1
         clone = dataclasses.replace(
             old, index=len(nodes), outputs=tuple(outs),
-            inputs=tuple(x if isinstance(x, Const) else mapping.get(x, x) for x in old.inputs),
+            inputs=tuple(x if isinstance(x, Const) else read(x) for x in old.inputs),
             source=old.source + RECOMPUTED)
         nodes.append(clone)
         new_order.append(clone.index)
