@@ -110,9 +110,9 @@ class RegionGroup:
 # Whether the rounds offer a layer's residuals as one `RegionGroup` in place of each alone.
 # Alone, each regenerated for its own consumer, the unrolled decoders' rounds were dominated
 # by per-layer checkpointing (experiments/round_cost.py: GPT-2's first round within 1.25 x its
-# footprint recomputed 1.34 x its FLOPs; with groups alone 0.75 x). Offered beside the values
+# footprint recomputed 1.34 x its FLOPs; with groups 0.55 x). Offered beside the values
 # alone, the groups ranked behind them (the model credits values XLA fuses away) and the
-# Llama never took one. JAX_SYMMEM_LAYER_GROUPS=0 turns them off (the plans before 2026-12-03).
+# Llama never took one. JAX_SYMMEM_LAYER_GROUPS=0 turns them off (the plans before ff9f0e9).
 LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "1") != "0"
 
 
