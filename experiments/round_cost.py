@@ -114,7 +114,7 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   remat.LAYER_GROUPS = remat.LAYER_GROUPS and not args.no_layer_groups
   _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
-                        args.out, budget_factor=BUDGET_FACTOR, layer_groups=remat.LAYER_GROUPS)
+                        args.out, budget_factor=BUDGET_FACTOR)   # environment says layer_groups
   return 0
 
 

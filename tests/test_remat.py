@@ -442,12 +442,10 @@ def test_rounds_evict_whole_layers_stay_valid_and_compute_what_jax_jit_does():
   assert len(rounds) > 2 and min(peaks[1:]) < peaks[0]
   # Some round evicts a layer whole: several of its values, one consumer (one fence).
   def layers_taken(rd):
-    by_layer = {}
+    consumers = {}   # a layer's scope -> the consumer of each of its evicted values
     for block in rd.blocks:
-      scope = layer_scope(block.region.source)
-      by_layer.setdefault(scope, set()).add(block.region.consumer)
-    return {scope for scope, consumers in by_layer.items() if scope and len(consumers) == 1
-            and sum(layer_scope(b.region.source) == scope for b in rd.blocks) > 1}
+      consumers.setdefault(layer_scope(block.region.source), []).append(block.region.consumer)
+    return {scope for scope, cs in consumers.items() if scope and len(cs) > 1 and len(set(cs)) == 1}
   assert any(layers_taken(rd) for rd in rounds[1:])
   args = (state, *llama.example_batch(cfg, 3, 20, seed=1))
   want = jax.tree_util.tree_leaves(jax.jit(step)(*args))

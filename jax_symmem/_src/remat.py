@@ -375,7 +375,8 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer
   trips = scan_length(node)
   def in_body(r):
     if isinstance(r, RegionGroup):   # a layer of the body: its members, ranked as one
-      return RegionGroup(tuple(in_body(x) for x in r.regions), r.saved, r.cost * trips, r.layer)
+      members = tuple(body_remat.BodyEviction(index, x, trips) for x in r.regions)
+      return RegionGroup(members, r.saved, r.cost * trips, r.layer)
     return body_remat.BodyEviction(index, r, trips)
   return [in_body(r) for r in inner.regions], inner.counts
 
