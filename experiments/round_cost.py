@@ -20,6 +20,13 @@ both per-layer checkpointing and the loop rounds), not with the unrolled steps'.
 
   python -m experiments.round_cost [--workloads llama,gpt2] [--max_rounds 24] [--out PATH]
       [--no_layer_groups]   # plan with each value offered alone (remat.LAYER_GROUPS off)
+  python -m experiments.round_cost --replay experiments/results/round_cost.json --out PATH
+      # no compiles: a results file's XLA figures beside today's modeled peaks and
+      # predicted footprints of the same rounds (valid while the plans are the same)
+
+Each round's row has the op-by-op modeled peak (`model_mib`) and the footprint the
+run-time decision predicts (`predicted_mib`: the model's live ranges laid out as XLA's
+buffer assigner lays them out, `Analysis.round_footprint`).
 
 Writes experiments/results/round_cost.json (or --out).
 """
@@ -27,6 +34,8 @@ Writes experiments/results/round_cost.json (or --out).
 from __future__ import annotations
 
 import argparse
+import json
+import pathlib
 
 import jax
 
@@ -69,13 +78,43 @@ def run_workload(name: str, max_rounds: int) -> dict:
   out["by_round"] = []
   for k in sampled(out["rounds"], max_rounds):
     exe, _ = bench_models._compile_round(analysis, k, dims, args)
-    row = {"round": k, **cost(exe), "model_mib": analysis.round_peak(k, dims) / MiB}
+    row = {"round": k, **cost(exe), **modeled(analysis, k, dims)}
     out["by_round"].append(row)
     print(f"{name} {dims} round {k:>3}: " + _row(row) + f", modeled {row['model_mib']:.1f} MiB",
           flush=True)
   out["summary"] = summarize(out)
+  out["error"] = errors(out["by_round"])
   print(f"{name}: {out['summary']}", flush=True)
   return out
+
+
+def modeled(analysis, k: int, dims: dict) -> dict:
+  return {"model_mib": analysis.round_peak(k, dims) / MiB,
+          "predicted_mib": analysis.round_footprint(k, dims) / MiB}
+
+
+def replay(result: dict) -> dict:
+  """`result` (one workload of a results file) with today's modeled and predicted figures."""
+  w = bench_models.WORKLOADS[result["workload"]]()
+  analysis, dims = bench_models._analysis(w), result["dims"]
+  if len(analysis.rounds) - 1 != result["rounds"]:
+    raise SystemExit(f"{result['workload']}: {len(analysis.rounds) - 1} rounds planned today, "
+                     f"{result['rounds']} in the file: the plans differ, compile again")
+  rows = [{**row, **modeled(analysis, row["round"], dims)} for row in result["by_round"]]
+  for row in rows:
+    print(f"{result['workload']} round {row['round']:>3}: XLA {row['xla_mib']:6.1f}, modeled "
+          f"{row['model_mib']:6.1f}, predicted {row['predicted_mib']:6.1f} MiB", flush=True)
+  return {**result, "by_round": rows, "error": errors(rows)}
+
+
+def errors(rows: list[dict]) -> dict:
+  """The modeled peak's and the prediction's error against XLA's footprint, over the rounds."""
+  rel = lambda key: [r[key] / r["xla_mib"] - 1 for r in rows]
+  within = lambda key: sum(abs(r[key] - r["xla_mib"]) <= 0.1 * r["xla_mib"] + 8 for r in rows)
+  return {key: {"min": min(rel(key)), "max": max(rel(key)),
+                "median_abs": sorted(map(abs, rel(key)))[len(rows) // 2],
+                "within_10pct_8mib": within(key), "rounds": len(rows)}
+          for key in ("model_mib", "predicted_mib")}
 
 
 def _row(c: dict) -> str:
@@ -111,7 +150,16 @@ def main(argv=None) -> int:
   parser.add_argument("--no_layer_groups", action="store_true",
                       help="plan with each value offered alone, not a layer's as one "
                            "candidate (remat.LAYER_GROUPS off; or JAX_SYMMEM_LAYER_GROUPS=0)")
+  parser.add_argument("--replay", help="a results file of this script: its XLA figures, no compiles")
   args = parser.parse_args(argv)
+  if args.replay:
+    recorded = json.loads(pathlib.Path(args.replay).read_text())
+    _common.run_workloads(",".join(r["workload"] for r in recorded["results"]),
+                          lambda name: replay(next(r for r in recorded["results"]
+                                                   if r["workload"] == name)),
+                          args.out, budget_factor=BUDGET_FACTOR,
+                          xla_figures_from={k: recorded[k] for k in ("git_revision", "date", "command")})
+    return 0
   remat.LAYER_GROUPS = remat.LAYER_GROUPS and not args.no_layer_groups
   _common.run_workloads(args.workloads, lambda name: run_workload(name, args.max_rounds),
                         args.out, budget_factor=BUDGET_FACTOR)   # environment says layer_groups

@@ -2,7 +2,8 @@
 
 An `Analysis` holds everything symbolic about a training step, made once for
 all shapes; `choose_round(dims, budget)` is the run-time decision: the smallest
-round of evictions whose modeled peak fits the budget at those dims.
+round of evictions whose predicted footprint fits the budget at those dims (the
+model's live ranges laid out as XLA's buffer assigner lays them out: `xla_buffers`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
 from jax_symmem._src import sharding as sharding_lib
+from jax_symmem._src import xla_buffers
 from jax_symmem._src.budget import sizes
 from jax_symmem._src.errors import BudgetError, PlanningError, ShapeError, SymmemError
 from jax_symmem._src.shape_graph import ShapeGraph
@@ -40,10 +42,15 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
   return min(range(len(peaks)), key=lambda k: (peaks[k], k)), False
 
 
+# The run-time decision predicts XLA's footprint (outputs in buffers of their own,
+# `xla_buffers`); JAX_SYMMEM_XLA_BUFFERS=0 decides by the op-by-op modeled peak, as before.
+PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
+
+
 class RoundPeaks(Sequence[int]):
-  """Every round's modeled peak at dims (times `scale[k]` where given), each computed
-  when first read (the analysis caches them): a step whose first round fits never
-  models the others."""
+  """Every round's predicted footprint at dims (`Analysis.round_footprint`, times
+  `scale[k]` where given), each computed when first read (the analysis caches them): a
+  step whose first round fits never models the others."""
 
   def __init__(self, analysis: "Analysis", dims: Mapping[str, int],
                scale: Mapping[int, float] | None = None):
@@ -54,7 +61,7 @@ class RoundPeaks(Sequence[int]):
 
   def __getitem__(self, k):
     k = range(len(self))[k]
-    return int(self._analysis.round_peak(k, self._dims) * self._scale.get(k, 1.0))
+    return int(self._analysis.round_footprint(k, self._dims) * self._scale.get(k, 1.0))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -72,6 +79,7 @@ class Analysis:
   seconds: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+  _round_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
     budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget:,} B"
@@ -82,9 +90,9 @@ class Analysis:
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
                    reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
-    """The smallest round whose predicted peak (plus `reserved` bytes held by others) fits.
+    """The smallest round whose predicted footprint (plus `reserved` bytes held by others) fits.
 
-    The prediction is the modeled peak, times `scale[k]` where the caller has
+    The prediction is `round_footprint`, times `scale[k]` where the caller has
     calibrated round k against what XLA reported for compiled variants.
     Raises BudgetError, naming the smallest achievable peak, when none fits by the
     model (`symmem.jit` instead asks XLA before refusing: `best_round`).
@@ -92,13 +100,13 @@ class Analysis:
     k, fits = self.best_round(dims, budget, reserved, scale)
     if fits:
       return k
-    best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
+    best = int(self.round_footprint(k, dims) * (scale or {}).get(k, 1.0))
     budget_str, best_str, *reserved_str = sizes(budget, best, *((reserved,) if reserved else ()))
     raise BudgetError(
         f"memory budget {budget_str} is below the smallest achievable peak at "
-        f"{dict(dims)}: {best_str} " + ("predicted" if scale else "modeled")
+        f"{dict(dims)}: {best_str} " + ("predicted" if scale or PREDICT_XLA_BUFFERS else "modeled")
         + (f" plus {reserved_str[0]} held by other live arrays" if reserved else "")
-        + "; raise the budget or use shorter/smaller batches (this is the op-by-op model's "
+        + "; raise the budget or use shorter/smaller batches (this is the model's "
         "verdict: symmem.jit refuses only after XLA's memory_analysis() says no variant "
         "fits, and XLA, which fuses ops, can need less)")
 
@@ -129,6 +137,20 @@ class Analysis:
       r = self.rounds[k]
       self._round_peaks[key] = memory.peak_at(r.graph, dims, r.program, self.round_order(k, dims))
     return self._round_peaks[key]
+
+  def round_footprint(self, k: int, dims: Mapping[str, int]) -> int:
+    """Round k's footprint at dims as XLA would lay it out (`xla_buffers.footprint_at`:
+    the modeled live ranges, each output in an allocation of its own, held to the end);
+    the modeled peak where `PREDICT_XLA_BUFFERS` is off."""
+    if not PREDICT_XLA_BUFFERS:
+      return self.round_peak(k, dims)
+    key = (k, tuple(sorted(dims.items())))
+    if key not in self._round_footprints:
+      self.check_dims(dims)
+      r = self.rounds[k]
+      self._round_footprints[key] = xla_buffers.footprint_at(
+          r.graph, dims, r.program, self.round_order(k, dims))
+    return self._round_footprints[key]
 
   def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
     """Round k's order at dims; round 0 picks the best scheduler candidate there."""

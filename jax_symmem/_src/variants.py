@@ -325,7 +325,7 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
   # (only when it sees every buffer: not with jax.jit's own options, F2).
   if truthful and size:
-    calibrated_at[k] = analysis.round_peak(k, dims)
+    calibrated_at[k] = analysis.round_footprint(k, dims)
     calibration[k] = size / max(1, calibrated_at[k])
   logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                analysis.traced.fun_name, dims, k, size / 2**20)
