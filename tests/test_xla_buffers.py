@@ -6,7 +6,6 @@ every live byte of the model is in an argument, an output's allocation or the he
 and the layout adds at most the outputs' bytes.
 """
 
-import jax
 import jax.numpy as jnp
 from jax import lax
 import pytest
