@@ -2,6 +2,7 @@
 
   python -m experiments.bench_recompile [--workloads=llama,t5] [--out PATH]   (bench_models' flags)
   python -m experiments.bench_recompile --replay experiments/results/bench_recompile.json
+      [--figure=modeled]   # replay deciding by the modeled peak (files that record it)
 
 For each step of `experiments.bench_models` at its two longer lengths, compiles every
 round as `symmem.jit` compiles it under a budget and records the modeled peak and XLA's
@@ -41,20 +42,27 @@ from jax_symmem._src import variants
 # --workloads and --out are bench_models' flags (imported above); --out's default here:
 flags.FLAGS.set_default("out", "experiments/results/bench_recompile.json")
 REPLAY = flags.DEFINE_string("replay", None, "replay the search on this results file only")
+FIGURE = flags.DEFINE_enum("figure", "dispatch", ["dispatch", "modeled"],
+                           "the figure the replayed search decides by: symmem.jit's (the "
+                           "predicted footprint) or the op-by-op modeled peak, where recorded")
 BUDGETS = 101
 
 
 def figures(w, analysis) -> dict:
-  """{length: [(round, modeled peak, XLA footprint)]} at the workload's two longer lengths."""
+  """{length: [(round, the figure symmem.jit decides by, XLA footprint, modeled peak)]} at
+  the workload's two longer lengths. The figure is `Analysis.dispatch_figure`: the predicted
+  footprint, or with JAX_SYMMEM_XLA_BUFFERS=0 the modeled peak (files before 2026-12-02
+  hold (round, modeled peak, XLA footprint))."""
   out = {}
   for s in w.lengths[1:]:
     dims, args = w.dims(s), (w.state(), *w.batch(s))
     rows = []
     for k in range(len(analysis.rounds)):
       exe, _ = bench_models._compile_round(analysis, k, dims, args)
-      rows.append((k, analysis.round_peak(k, dims), bench_models._footprint(exe)))
+      rows.append((k, analysis.dispatch_figure(k, dims), bench_models._footprint(exe),
+                   analysis.round_peak(k, dims)))
     print(f"{w.name} s={s}: " + " ".join(f"{k}:{m / 2**20:.0f}/{x / 2**20:.0f}"
-                                         for k, m, x in rows), flush=True)
+                                         for k, m, x, _ in rows), flush=True)
     out[str(s)] = rows
   return out
 
@@ -74,8 +82,9 @@ def roles(analysis) -> dict:
 def replay(rows, rule: str, role: dict | None = None) -> dict:
   """The search over BUDGETS budgets on one (workload, length)'s figures."""
   role = role or {}
-  peaks = [m for _, m, _ in rows]
-  xla = [x for _, _, x in rows]
+  column = 3 if FIGURE.value == "modeled" and len(rows[0]) > 3 else 1
+  peaks = [row[column] for row in rows]
+  xla = [row[2] for row in rows]
   lo, hi = min(xla), max(xla)
   compiles, extra, unreached = collections.Counter(), [], 0
   refined, later = [], []   # after the later calls' refinement: extra rounds, compiles

@@ -226,10 +226,10 @@ def test_budget_below_the_minimum():
   dims = {"b": 512}
   probe = symmem.analyze(jax.grad(loss, argnums=1), *args(8), polymorphic_shapes=("b, _", None),
                          constraints=("b <= 512",))
-  lowest = min(probe.round_footprint(k, dims) for k in range(len(probe.rounds)))
+  lowest = min(probe.round_peak(k, dims) for k in range(len(probe.rounds)))
   step = symmem.jit(jax.grad(loss, argnums=1), polymorphic_shapes=("b, _", None),
                     constraints=("b <= 512",), memory_budget=lowest // 2)
-  # The model's verdict names the smallest predicted footprint; symmem.jit refuses only once
+  # The model's verdict names the smallest modeled peak; symmem.jit refuses only once
   # XLA confirms that nothing the planner builds (nor round 0, as jax.jit) fits.
   with pytest.raises(symmem.BudgetError,
                      match=rf"smallest achievable peak at {{'b': 512}}: {lowest / 2**20:.1f} MiB"):

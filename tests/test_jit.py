@@ -189,12 +189,13 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   probe = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                      constraints=CONSTRAINTS)
   analysis = probe.analyze(*_args(2, 8))
-  peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
+  # What symmem.jit predicts for each round before compiling (the predicted footprint).
+  peaks = [analysis.dispatch_figure(k, dims) for k in range(len(analysis.rounds))]
   scripted = [int(p * (1 + 0.04 * k)) for k, p in enumerate(peaks)]
 
   def scenario(budget):
     fits = lambda x: x <= budget
-    k = analysis.best_round(dims, budget)[0]
+    k = analysis.best_round(dims, budget, predicted=True)[0]
     tried = variants_lib.search_rounds(peaks, k, peaks[k], scripted.__getitem__, fits,
                                        scale={}, last=len(peaks) - 1)
     j = variants_lib.refine_round(peaks, tried, fits)

@@ -99,8 +99,7 @@ def _analyze(fun):
 
 
 def _peaks(a, dims):
-  """Every round's predicted footprint: what the run-time decision compares with budgets."""
-  return [a.round_footprint(k, dims) for k in range(len(a.rounds))]
+  return [a.round_peak(k, dims) for k in range(len(a.rounds))]
 
 
 def _check_jit_matches_jax_jit(ops, shapes, budgeted):
@@ -194,9 +193,8 @@ def _check_orders_model_and_budgets(ops, dims, fraction):
         for got, w in zip(outs, jax.tree_util.tree_leaves(want)):
           np.testing.assert_allclose(got, w, rtol=1e-4,
                                      atol=1e-5 * float(np.max(np.abs(w), initial=1.0)))
-    # (d) Budgets at or above the smallest predicted footprint are met by the dispatched
-    # round (the smallest that fits; its modeled peak is below its footprint); below it,
-    # BudgetError names the minimum.
+    # (d) Budgets at or above the smallest achievable peak are met by the dispatched
+    # round (the smallest that fits); below it, BudgetError names the minimum.
     peaks = _peaks(a, at)
     lowest = min(peaks)
     for budget in (lowest, lowest + int(fraction * (peaks[0] - lowest)), peaks[0], 2 * peaks[0]):

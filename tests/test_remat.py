@@ -111,17 +111,17 @@ def test_rounds_go_on_at_smaller_shapes_once_the_largest_runs_out():
 def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():
   a = _analysis()
   dims = a.graph.max_dims()
-  peaks = [a.round_footprint(k, dims) for k in range(len(a.rounds))]   # what it decides by
+  peaks = [a.round_peak(k, dims) for k in range(len(a.rounds))]
   assert a.choose_round(dims, None) == 0
   assert a.choose_round(dims, peaks[0]) == 0
   k = a.choose_round(dims, min(peaks))
   assert peaks[k] <= min(peaks) and all(p > min(peaks) for p in peaks[:k])
   # One byte short: both figures would read the same in MiB, so the message gives bytes.
   with pytest.raises(symmem.BudgetError, match=f"{min(peaks) - 1:,} bytes is below .*: "
-                                               f"{min(peaks):,} bytes predicted"):
+                                               f"{min(peaks):,} bytes modeled"):
     a.choose_round(dims, min(peaks) - 1)
   with pytest.raises(symmem.BudgetError, match=f"{min(peaks) / 2 / 2**20:.1f} MiB is below "
-                                               f".*: {min(peaks) / 2**20:.1f} MiB predicted"):
+                                               f".*: {min(peaks) / 2**20:.1f} MiB modeled"):
     a.choose_round(dims, min(peaks) // 2)
 
 

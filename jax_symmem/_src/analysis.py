@@ -2,8 +2,9 @@
 
 An `Analysis` holds everything symbolic about a training step, made once for
 all shapes; `choose_round(dims, budget)` is the run-time decision: the smallest
-round of evictions whose predicted footprint fits the budget at those dims (the
-model's live ranges laid out as XLA's buffer assigner lays them out: `xla_buffers`).
+round of evictions whose modeled peak fits the budget at those dims. `symmem.jit`
+decides by `round_footprint` instead: XLA's footprint predicted from the model's live
+ranges (`xla_buffers`), the figure it then checks with XLA's own.
 """
 
 from __future__ import annotations
@@ -42,26 +43,28 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
   return min(range(len(peaks)), key=lambda k: (peaks[k], k)), False
 
 
-# The run-time decision predicts XLA's footprint (outputs in buffers of their own,
-# `xla_buffers`); JAX_SYMMEM_XLA_BUFFERS=0 decides by the op-by-op modeled peak, as before.
+# symmem.jit decides by XLA's footprint predicted from the model (`xla_buffers`: values
+# XLA fuses left out, outputs in buffers of their own); JAX_SYMMEM_XLA_BUFFERS=0 makes it
+# decide by the op-by-op modeled peak, as before.
 PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
 
 
 class RoundPeaks(Sequence[int]):
-  """Every round's predicted footprint at dims (`Analysis.round_footprint`, times
+  """Every round's modeled peak at dims, or with `predicted` its `round_footprint` (times
   `scale[k]` where given), each computed when first read (the analysis caches them): a
   step whose first round fits never models the others."""
 
   def __init__(self, analysis: "Analysis", dims: Mapping[str, int],
-               scale: Mapping[int, float] | None = None):
+               scale: Mapping[int, float] | None = None, predicted: bool = False):
     self._analysis, self._dims, self._scale = analysis, dims, scale or {}
+    self._figure = analysis.dispatch_figure if predicted else analysis.round_peak
 
   def __len__(self) -> int:
     return len(self._analysis.rounds)
 
   def __getitem__(self, k):
     k = range(len(self))[k]
-    return int(self._analysis.round_footprint(k, self._dims) * self._scale.get(k, 1.0))
+    return int(self._figure(k, self._dims) * self._scale.get(k, 1.0))
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -90,9 +93,9 @@ class Analysis:
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
                    reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
-    """The smallest round whose predicted footprint (plus `reserved` bytes held by others) fits.
+    """The smallest round whose predicted peak (plus `reserved` bytes held by others) fits.
 
-    The prediction is `round_footprint`, times `scale[k]` where the caller has
+    The prediction is the modeled peak, times `scale[k]` where the caller has
     calibrated round k against what XLA reported for compiled variants.
     Raises BudgetError, naming the smallest achievable peak, when none fits by the
     model (`symmem.jit` instead asks XLA before refusing: `best_round`).
@@ -100,25 +103,27 @@ class Analysis:
     k, fits = self.best_round(dims, budget, reserved, scale)
     if fits:
       return k
-    best = int(self.round_footprint(k, dims) * (scale or {}).get(k, 1.0))
+    best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
     budget_str, best_str, *reserved_str = sizes(budget, best, *((reserved,) if reserved else ()))
     raise BudgetError(
         f"memory budget {budget_str} is below the smallest achievable peak at "
-        f"{dict(dims)}: {best_str} " + ("predicted" if scale or PREDICT_XLA_BUFFERS else "modeled")
+        f"{dict(dims)}: {best_str} " + ("predicted" if scale else "modeled")
         + (f" plus {reserved_str[0]} held by other live arrays" if reserved else "")
-        + "; raise the budget or use shorter/smaller batches (this is the model's "
+        + "; raise the budget or use shorter/smaller batches (this is the op-by-op model's "
         "verdict: symmem.jit refuses only after XLA's memory_analysis() says no variant "
         "fits, and XLA, which fuses ops, can need less)")
 
   def best_round(self, dims: Mapping[str, int], budget: int | None, reserved: int = 0,
-                 scale: Mapping[int, float] | None = None) -> tuple[int, bool]:
+                 scale: Mapping[int, float] | None = None,
+                 predicted: bool = False) -> tuple[int, bool]:
     """(round, whether it fits): the smallest round predicted to fit, else the round
     with the smallest predicted peak. Rounds add recomputation, so the smallest
     round that fits is the one that recomputes least. Without a budget (and no device
     limit): the step as the user wrote it, with their jax.checkpoint regions if any."""
     if budget is None:
       return self.as_written_round, True
-    return first_round(RoundPeaks(self, dims, scale), lambda peak: peak + reserved <= budget)
+    return first_round(RoundPeaks(self, dims, scale, predicted),
+                       lambda peak: peak + reserved <= budget)
 
   @property
   def as_written_round(self) -> int:
@@ -139,11 +144,9 @@ class Analysis:
     return self._round_peaks[key]
 
   def round_footprint(self, k: int, dims: Mapping[str, int]) -> int:
-    """Round k's footprint at dims as XLA would lay it out (`xla_buffers.footprint_at`:
-    the modeled live ranges, each output in an allocation of its own, held to the end);
-    the modeled peak where `PREDICT_XLA_BUFFERS` is off."""
-    if not PREDICT_XLA_BUFFERS:
-      return self.round_peak(k, dims)
+    """XLA's footprint of round k at dims, predicted from the model's live ranges
+    (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
+    out, each output in an allocation of its own held to the end)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_dims(dims)
@@ -151,6 +154,11 @@ class Analysis:
       self._round_footprints[key] = xla_buffers.footprint_at(
           r.graph, dims, r.program, self.round_order(k, dims))
     return self._round_footprints[key]
+
+  def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
+    """What `symmem.jit` compares with a budget before compiling: `round_footprint`, or
+    the modeled peak where `PREDICT_XLA_BUFFERS` is off."""
+    return self.round_footprint(k, dims) if PREDICT_XLA_BUFFERS else self.round_peak(k, dims)
 
   def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
     """Round k's order at dims; round 0 picks the best scheduler candidate there."""

@@ -162,7 +162,7 @@ class SymmemFunction:
         raise BudgetError(entry.refused[key])
       k = entry.decisions.get(key)
       if k is None:
-        k, _ = analysis.best_round(dims, budget, reserved, entry.calibration)
+        k, _ = analysis.best_round(dims, budget, reserved, entry.calibration, predicted=True)
       variant = entry.variants.get((dims_key, k))
       if variant is None:
         try:
@@ -221,7 +221,8 @@ class SymmemFunction:
               if all(v.dims.get(k) == x for k, x in dims.items())]
 
   def calibration(self) -> list[dict[int, float]]:
-    """Per set of static arguments: round -> XLA's footprint / the modeled peak, from
+    """Per set of static arguments: round -> XLA's footprint / the predicted one
+    (`Analysis.dispatch_figure`: `round_footprint`, or the modeled peak), from
     the variants compiled under a budget, whose XLA options let memory_analysis() see
     every buffer (what `best_round` scales by); not from variants compiled exactly as
     jax.jit (no budget)."""
@@ -341,8 +342,8 @@ class SymmemFunction:
     error; this spends a compile only on shapes that recur, which run it many times."""
     searched = entry.searches[key]
     policy = self._policy(flat, budget, reserved)
-    j = variants_lib.refine_round(analysis_lib.RoundPeaks(entry.analysis, dims), searched,
-                                  policy.fits)
+    peaks = analysis_lib.RoundPeaks(entry.analysis, dims, predicted=True)
+    j = variants_lib.refine_round(peaks, searched, policy.fits)
     if j is None:
       del entry.searches[key]
       return variant

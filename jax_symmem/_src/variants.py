@@ -315,8 +315,9 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
                   calibrated_at: dict[int, int]) -> Variant:
   """Round k at dims, compiled with the policy's options for it (`lower(fn, options)`).
 
-  Updates `calibration` (round -> XLA / model) and `calibrated_at` (round -> the
-  modeled peak that ratio was measured at) where XLA's figure is truthful."""
+  Updates `calibration` (round -> XLA / predicted) and `calibrated_at` (round -> the
+  prediction that ratio was measured against, `Analysis.dispatch_figure`) where XLA's
+  figure is truthful."""
   env = analysis.graph.constraints.complete(dims)
   options, truthful = policy.options_for(analysis, k)
   fn, options = _runner(analysis, k, dims, env, policy, options)
@@ -325,7 +326,7 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
   # (only when it sees every buffer: not with jax.jit's own options, F2).
   if truthful and size:
-    calibrated_at[k] = analysis.round_footprint(k, dims)
+    calibrated_at[k] = analysis.dispatch_figure(k, dims)
     calibration[k] = size / max(1, calibrated_at[k])
   logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                analysis.traced.fun_name, dims, k, size / 2**20)
@@ -354,7 +355,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
     compiled.append(compile_round(analysis, dims, k, policy, lower, calibration, calibrated_at))
     return compiled[-1].xla_bytes
 
-  peaks = analysis_lib.RoundPeaks(analysis, dims)
+  peaks = analysis_lib.RoundPeaks(analysis, dims, predicted=True)
   scale = (None if policy.budget is None
            else transferable(calibration, calibrated_at, peaks))
   search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), xla_bytes, policy.fits,

@@ -14,12 +14,18 @@ same size) and
 * packs the other temporaries into one heap, as large as their live sum at its peak
   (XLA's heap simulator; measured equal on the steps of `experiments.bench_models`).
 
+Before that, XLA fuses: a cheap elementwise value (`FUSIBLE`) whose every reader can take
+it into its own loop (`FUSES_INTO`) is computed inside its readers and never stored, and
+what it reads stays live until its last reader runs; an expensive one (`EXPENSIVE`: exp,
+tanh, divide...) with several readers is stored once instead of computed in each (XLA's
+instruction fusion does not duplicate it). `fusion=False` lays out every value.
+
 So a step whose new parameters and optimizer state are made after its peak still pays
-for them at the peak, less what temporaries fit into their buffers before. On the
-unrolled Llama of `bench_models` at b=4, s=512, 14 of its rounds 5-20 model 6-18 % under
-XLA's figure, and this reads within 1.3 % (README, "What the memory model measures").
-What it does not see is fusion: values XLA never materializes, or keeps longer, still
-count as the model counts them (GPT-2's rounds read 13-22 % over XLA's figure).
+for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
+GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
+(README, "What the memory model measures", for the figures). Fusion inside a loop body
+is not modeled (a scan's working set is the model's), nor fusion that keeps a value
+longer than the jaxpr does (T5's shared position-bias gradient, fused across layers).
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
@@ -37,20 +43,35 @@ from jax_symmem._src import memory
 from jax_symmem._src.ir import Const, Program
 from jax_symmem._src.shape_graph import ShapeGraph
 
+# Elementwise primitives XLA computes inside the loop of the op that reads them. (Not the
+# ones whose output shares its operand's buffer, `memory.ALIAS_RULES`: they run no loop.)
+FUSIBLE = frozenset("""
+    abs add and broadcast_in_dim ceil clamp convert_element_type copy copy_p cos div eq erf
+    erf_inv exp exp2 expand_dims expm1 floor ge gt integer_pow iota is_finite le log log1p logistic
+    lt max min mul ne neg not or pow reduce_precision rem reshape round rsqrt select_n sign sin
+    sqrt square squeeze sub tanh xor""".split())
+# Those XLA does not compute twice: with several readers, stored once.
+EXPENSIVE = frozenset("cos div erf erf_inv exp exp2 expm1 log log1p logistic pow rsqrt sin sqrt "
+                      "tanh".split())
+# Readers whose loop can compute a fused operand: elementwise ops, reductions, data movement.
+FUSES_INTO = FUSIBLE | frozenset("""
+    argmax argmin concatenate dynamic_slice dynamic_update_slice pad reduce_and reduce_max
+    reduce_min reduce_or reduce_prod reduce_sum scatter-add slice transpose""".split())
+
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
-                 order: Sequence[int], donated: Iterable[int] = ()) -> int:
+                 order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True) -> int:
   """XLA's footprint of `program` run in `order` at concrete dims: arguments, every
-  output's own allocation and the heap of the temporaries that fit in none."""
+  output's own allocation and the heap of the temporaries that fit in none (the values
+  XLA fuses away left out, unless `fusion` is False)."""
   env = graph.constraints.complete(dict(env))
-  donated = frozenset(donated)
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  owned, start, end, is_output = _live_ranges(program, order, donated)
+  owned, start, end, is_output = _live_ranges(program, order, fusion)
   if not len(owned):
     return arguments
   sizes = np.asarray([size[v] for v in owned], np.int64)
-  spare = sorted(size[program.inputs[k]] for k in donated)   # donated buffers outputs reuse
+  spare = sorted(size[program.inputs[k]] for k in frozenset(donated))   # donated buffers outputs reuse
   # Biggest first; at equal size an output first; then by when it is made.
   by_xla = np.lexsort((start, ~is_output, -sizes))
   heap = np.zeros(len(order) + 1, np.int64)
@@ -69,32 +90,69 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   live = np.cumsum(heap)[:len(order)]
   if program.control_flow:
     pos = np.empty(len(order), np.int64)
-    pos[np.asarray(order)] = np.arange(len(order))
+    pos[np.asarray(order, np.int64)] = np.arange(len(order))
     for node in program.control_flow:
       live[pos[node.index]] += memory.transient_at(graph, node, env)
   return arguments + allocations.total + int(live.max(initial=0))
 
 
-def _live_ranges(program: Program, order: Sequence[int], donated: frozenset):
-  """(value ids, first step, last step, is an output) of every buffer a node makes, in
-  positions of `order`; an output lives to the end, as XLA keeps it."""
-  layout = memory._buffer_layout(program, donated)   # noqa: SLF001 (the model's own tables)
+def _live_ranges(program: Program, order: Sequence[int], fusion: bool):
+  """(value ids, first step, last step, is an output) of every buffer a node makes and XLA
+  stores, in positions of `order`; an output lives to the end, as XLA keeps it."""
   n = len(order)
-  if not len(layout.owned_value):
-    return (), (), (), ()
   pos = np.empty(n, np.int64)
-  pos[np.asarray(order)] = np.arange(n)
-  last_read = np.full(len(layout.read_buffers), -1, np.int64)
-  np.maximum.at(last_read, layout.use_buf, pos[layout.use_node])
-  read_at = dict(zip(layout.read_buffers, last_read.tolist()))
-  alias = memory._aliases(program)   # noqa: SLF001
-  outputs = frozenset(alias.get(x, x) for x in program.outputs if not isinstance(x, Const))
-  owned = layout.owned_value
-  start = pos[layout.owned_node]
-  is_output = np.fromiter((v in outputs for v in owned), bool, len(owned))
-  end = np.fromiter((read_at.get(v, -1) for v in owned), np.int64, len(owned))
-  end = np.where(is_output, n - 1, np.maximum(end, start))
-  return owned, start, end, is_output
+  pos[np.asarray(order, np.int64)] = np.arange(n)
+  fused = fused_values(program) if fusion else {}
+  stored: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
+
+  def reads(x: int) -> tuple[int, ...]:
+    if x not in fused:
+      return (x,)
+    if x not in stored:
+      stored[x] = tuple(dict.fromkeys(y for o in fused[x] for y in reads(o)))
+    return stored[x]
+
+  alias = memory._aliases(program)   # noqa: SLF001 (the model's own buffers)
+  root = lambda x: alias.get(x, x)
+  last: dict[int, int] = {}
+  for node in program.nodes:
+    p = int(pos[node.index])
+    for x in node.operands:
+      for y in reads(x):
+        y = root(y)
+        if last.get(y, -1) < p:
+          last[y] = p
+  outputs = {root(x) for x in program.outputs if not isinstance(x, Const)}
+  owned, start, end = [], [], []
+  for node in program.nodes:
+    d = int(pos[node.index])
+    for o in node.outputs:
+      if o not in fused and root(o) == o:
+        owned.append(o)
+        start.append(d)
+        end.append(n - 1 if o in outputs else max(d, last.get(o, d)))
+  is_output = np.fromiter((o in outputs for o in owned), bool, len(owned))
+  return owned, np.asarray(start, np.int64), np.asarray(end, np.int64), is_output
+
+
+def fused_values(program: Program) -> dict[int, tuple[int, ...]]:
+  """The values XLA computes inside their readers -> the values they read."""
+  readers: dict[int, list[str]] = {}
+  for node in program.nodes:
+    for x in set(node.operands):
+      readers.setdefault(x, []).append(node.name)
+  results = {x for x in program.outputs if not isinstance(x, Const)}
+  fused = {}
+  for node in program.nodes:
+    if node.name not in FUSIBLE or len(node.outputs) != 1:
+      continue
+    (v,) = node.outputs
+    names = readers.get(v)
+    if (v in results or not names or not FUSES_INTO.issuperset(names)
+        or (node.name in EXPENSIVE and len(names) > 1)):
+      continue
+    fused[v] = node.operands
+  return fused
 
 
 class _Allocations:
