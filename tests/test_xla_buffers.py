@@ -15,7 +15,6 @@ import jax_symmem as symmem
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import memory
 from jax_symmem._src import xla_buffers
-from jax_symmem._src.ir import Const
 from tests import budgets
 from tests import programs
 
@@ -57,9 +56,8 @@ def test_a_donated_argument_holds_the_output():
 
 
 def _output_bytes(graph, program, env):
-  alias = memory._aliases(program)
-  outs = {alias.get(x, x) for x in program.outputs if not isinstance(x, Const)}
-  return sum(graph.bytes(v).evaluate(env) for v in outs - set(program.inputs))
+  return sum(graph.bytes(v).evaluate(env)
+             for v in xla_buffers.stored_outputs(program) - set(program.inputs))
 
 
 def _masked(x, w):

@@ -35,6 +35,7 @@ them). Control-flow working sets join the heap at their step.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -67,18 +68,21 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  owned, start, end, is_output = _live_ranges(program, order, fusion)
-  if not len(owned):
+  stored = _stored(program, fusion)
+  if not stored.owned:
     return arguments
-  sizes = np.asarray([size[v] for v in owned], np.int64)
+  pos = np.empty(len(order), np.int64)
+  pos[np.asarray(order, np.int64)] = np.arange(len(order))
+  start, end = stored.live_ranges(pos)
+  sizes = np.asarray([size[v] for v in stored.owned], np.int64)
   spare = sorted(size[program.inputs[k]] for k in frozenset(donated))   # donated buffers outputs reuse
   # Biggest first; at equal size an output first; then by when it is made.
-  by_xla = np.lexsort((start, ~is_output, -sizes))
+  by_xla = np.lexsort((start, ~stored.is_output, -sizes))
   heap = np.zeros(len(order) + 1, np.int64)
   allocations = _Allocations()
   for i in by_xla.tolist():
     s, d, e = int(sizes[i]), int(start[i]), int(end[i])
-    if is_output[i]:
+    if stored.is_output[i]:
       k = bisect.bisect_left(spare, s)
       if k < len(spare) and spare[k] == s:
         del spare[k]
@@ -88,51 +92,77 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
       heap[d] += s
       heap[e + 1] -= s
   live = np.cumsum(heap)[:len(order)]
-  if program.control_flow:
-    pos = np.empty(len(order), np.int64)
-    pos[np.asarray(order, np.int64)] = np.arange(len(order))
-    for node in program.control_flow:
-      live[pos[node.index]] += memory.transient_at(graph, node, env)
+  for node in program.control_flow:
+    live[pos[node.index]] += memory.transient_at(graph, node, env)
   return arguments + allocations.total + int(live.max(initial=0))
 
 
-def _live_ranges(program: Program, order: Sequence[int], fusion: bool):
-  """(value ids, first step, last step, is an output) of every buffer a node makes and XLA
-  stores, in positions of `order`; an output lives to the end, as XLA keeps it."""
-  n = len(order)
-  pos = np.empty(n, np.int64)
-  pos[np.asarray(order, np.int64)] = np.arange(n)
+def stored_outputs(program: Program) -> frozenset[int]:
+  """The buffers that hold the program's results (an output aliasing an operand lives in
+  the operand's): XLA keeps each to the end of the run."""
+  alias = memory._aliases(program)   # noqa: SLF001 (the model's own buffers)
+  return frozenset(alias.get(x, x) for x in program.outputs if not isinstance(x, Const))
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class _Stored:
+  """The buffers XLA stores of a program and who reads them: independent of the order
+  and the dims, so built once per program (a round is asked at many dims)."""
+  owned: tuple[int, ...]        # the values with a buffer of their own
+  made_by: np.ndarray           # the node that makes each
+  is_output: np.ndarray         # which are program results
+  read_by: np.ndarray           # (node, index into `owned`) of every read, fused reads
+  read_value: np.ndarray        #   resolved to the stored values they compute from
+
+  def live_ranges(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(first step, last step) of each owned buffer, in positions of an order (`pos`:
+    node -> position); an output lives to the end, as XLA keeps it."""
+    start = pos[self.made_by]
+    end = start.copy()
+    np.maximum.at(end, self.read_value, pos[self.read_by])
+    end[self.is_output] = len(pos) - 1
+    return start, end
+
+
+def _stored(program: Program, fusion: bool) -> _Stored:
+  key = (id(program), fusion)
+  hit = _STORED.get(key)
+  if hit is not None and hit[0] is program:
+    return hit[1]
   fused = fused_values(program) if fusion else {}
-  stored: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
+  via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
 
   def reads(x: int) -> tuple[int, ...]:
     if x not in fused:
       return (x,)
-    if x not in stored:
-      stored[x] = tuple(dict.fromkeys(y for o in fused[x] for y in reads(o)))
-    return stored[x]
+    if x not in via:
+      via[x] = tuple(dict.fromkeys(y for o in fused[x] for y in reads(o)))
+    return via[x]
 
   alias = memory._aliases(program)   # noqa: SLF001 (the model's own buffers)
-  root = lambda x: alias.get(x, x)
-  last: dict[int, int] = {}
+  index: dict[int, int] = {}
+  made_by = []
   for node in program.nodes:
-    p = int(pos[node.index])
-    for x in node.operands:
-      for y in reads(x):
-        y = root(y)
-        if last.get(y, -1) < p:
-          last[y] = p
-  outputs = {root(x) for x in program.outputs if not isinstance(x, Const)}
-  owned, start, end = [], [], []
-  for node in program.nodes:
-    d = int(pos[node.index])
     for o in node.outputs:
-      if o not in fused and root(o) == o:
-        owned.append(o)
-        start.append(d)
-        end.append(n - 1 if o in outputs else max(d, last.get(o, d)))
-  is_output = np.fromiter((o in outputs for o in owned), bool, len(owned))
-  return owned, np.asarray(start, np.int64), np.asarray(end, np.int64), is_output
+      if o not in fused and o not in alias:
+        index[o] = len(made_by)
+        made_by.append(node.index)
+  read_by, read_value = [], []
+  for node in program.nodes:
+    for k in {index.get(alias.get(y, y)) for x in node.operands for y in reads(x)}:
+      if k is not None:
+        read_by.append(node.index)
+        read_value.append(k)
+  outputs = stored_outputs(program)
+  owned = tuple(index)
+  stored = _Stored(owned, np.asarray(made_by, np.int64),
+                   np.fromiter((o in outputs for o in owned), bool, len(owned)),
+                   np.asarray(read_by, np.int64), np.asarray(read_value, np.int64))
+  memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
+  return stored
+
+
+_STORED: dict = {}
 
 
 def fused_values(program: Program) -> dict[int, tuple[int, ...]]:
@@ -162,23 +192,23 @@ class _Allocations:
   the value being placed: a temporary fits any whose occupants are not live with it."""
 
   def __init__(self):
-    self.made: list[int] = []             # when each allocation's output is made
     self.ranges: list[list[tuple[int, int]]] = []
     self.total = 0
-    self._made = np.zeros(0, np.int64)
+    self._made = np.zeros(16, np.int64)   # when each allocation's output is made (grown)
 
   def new(self, size: int, start: int, end: int) -> None:
-    self.made.append(start)
+    if len(self.ranges) == len(self._made):
+      self._made = np.concatenate([self._made, np.zeros_like(self._made)])
+    self._made[len(self.ranges)] = start
     self.ranges.append([(start, end)])
     self.total += size
-    self._made = np.asarray(self.made, np.int64)
 
   def place_temporary(self, start: int, end: int) -> bool:
     # An output holds its allocation from when it is made: only those made after the
     # temporary dies can take it, in the order they were made. (The 1B step places
     # ~10^4 values over ~10^3 allocations: the overlap test is inlined.)
     key, left = (start, end), bisect.bisect_left
-    for k in np.flatnonzero(self._made > end).tolist():
+    for k in np.flatnonzero(self._made[:len(self.ranges)] > end).tolist():
       ranges = self.ranges[k]
       j = left(ranges, key)
       if (j and ranges[j - 1][1] >= start) or ranges[j][0] <= end:   # j < len: the output's
