@@ -2,7 +2,9 @@
 
 Checked against XLA's own memory_analysis() exactly, on a chain of dots (the layout:
 outputs held apart, a temporary inside an output's buffer) and on a mask broadcast
-read by a select (fusion: neither is stored); and, for the layout alone, by the bounds
+read by a select (fusion: neither is stored), and within a loop's bookkeeping on scans
+(per-iteration results computed into their stacks and the loop's state, a constant
+sunk into the loop, the body's buffers inside an output's); and, for the layout alone, by the bounds
 that hold on any program: every live byte of the model is in an argument, an output's
 allocation or the heap, and the layout adds at most the outputs' bytes.
 """
@@ -93,9 +95,54 @@ def test_what_fuses():
   assert "exp" not in names(p, xla_buffers.fused_values(p))
   p = jaxpr_of(lambda x: (lambda m: jnp.sum(m) + jnp.max(m))(x * 3.0), x)
   assert names(p, xla_buffers.fused_values(p)) == ["mul"]
-  # A step's result is stored, whatever computes it.
+  # An expensive value read by a cheap one that two readers compute: computed in two
+  # loops, so stored.
+  p = jaxpr_of(lambda x: (lambda m: jnp.sum(m) + jnp.max(m))(jnp.exp(x) * 3.0), x)
+  assert names(p, xla_buffers.fused_values(p)) == ["mul"]
+  # A step's result is stored, whatever computes it; a loop body's per-iteration result
+  # is computed into its stacked buffer (streamed) or the loop's state (carried).
   p = jaxpr_of(lambda x: x * 2.0, x)
   assert not xla_buffers.fused_values(p)
+  (y,) = p.outputs
+  assert names(p, xla_buffers.fused_values(p, streamed=frozenset({y}))) == ["mul"]
+  assert names(p, xla_buffers.fused_values(p, carried=frozenset({y}))) == ["mul"]
+  p = jaxpr_of(lambda x: jnp.exp(x) * 2.0, x)
+  (y,) = p.outputs
+  assert names(p, xla_buffers.fused_values(p, frozenset({y}), frozenset({y}))) == ["mul"]
+
+
+def _scanned_layers(x, ws):
+  def layer(h, w):
+    a = h @ w                    # a dot: stored, then copied into its stack
+    y = jnp.tanh(a) * 0.5        # computed into the next state and into its stack: tanh,
+    return y, (a, y)             # read by both, is stored
+  h, (a, y) = lax.scan(layer, x, ws)
+  return h, a, y
+
+
+def _scanned_relu(x, ws, w2):
+  bias = jnp.full((x.shape[0], 64), 0.25)   # a broadcast constant, sunk into the loop
+  def layer(h, w):
+    return jnp.maximum(h @ w + bias, 0.0), None   # written into the state in place
+  h, _ = lax.scan(layer, x, ws)
+  return h @ w2    # made after the loop: its buffer holds the loop's dot before
+
+
+@pytest.mark.parametrize("n", [32, 512, 4096])
+@pytest.mark.parametrize("fun", [_scanned_layers, _scanned_relu])
+def test_a_scan_as_xla_stores_it(fun, n):
+  """A loop's working set as XLA's buffer assigner lays it out: within the loop's own
+  bookkeeping (its trip counter and state tuple, under 1 KiB) of XLA's figure."""
+  ws, w2 = jnp.ones((4, 64, 64)) / 64, jnp.ones((64, 64)) / 64
+  args = (ws,) if fun is _scanned_layers else (ws, w2)
+  an = symmem.analyze(fun, jnp.ones((8, 64)), *args,
+                      polymorphic_shapes=("n, _",) + (None,) * len(args),
+                      constraints=("n <= 4096",))
+  dims = {"n": n}
+  xla = budgets.xla_bytes(an, 0, dims, (jnp.ones((n, 64)), *args))
+  assert 0 <= xla - an.round_footprint(0, dims) < 1024
+  if n >= 512:   # the op-by-op model holds what XLA fuses, copies in place or reuses
+    assert an.round_peak(0, dims) > xla + n * 64 * 4 // 2
 
 
 @pytest.mark.parametrize("case", programs.CASES, ids=lambda c: c.name)

@@ -17,19 +17,32 @@ same size) and
 Before that, XLA fuses: a cheap elementwise value (`FUSIBLE`) whose every reader can take
 it into its own loop (`FUSES_INTO`) is computed inside its readers and never stored, and
 what it reads stays live until its last reader runs; an expensive one (`EXPENSIVE`: exp,
-tanh, divide...) with several readers is stored once instead of computed in each (XLA's
-instruction fusion does not duplicate it). `fusion=False` lays out every value.
+tanh, divide...) that more than one loop would compute is stored once instead (XLA's
+instruction fusion does not duplicate it). A value made from constants alone is also
+sunk into the loops that read it. `fusion=False` lays out every value.
+
+Loops (scan, while) are laid out the same way, one iteration at a time: a scan body's
+per-iteration results are computed into their stacked buffers and its next state into
+the loop's state (XLA updates both in place), so a cheap one is never stored on its own;
+an iteration's slice of a stacked operand is stored where a reader (a dot) needs it.
+The body's buffers at its peak are temporaries at the loop's step, placed like any other
+(into an output's allocation made after the loop, else the heap). A cond's working set
+is the model's.
 
 So a step whose new parameters and optimizer state are made after its peak still pays
 for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
 GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
-(README, "What the memory model measures", for the figures). Fusion inside a loop body
-is not modeled (a scan's working set is the model's), nor fusion that keeps a value
-longer than the jaxpr does (T5's shared position-bias gradient, fused across layers).
+(README, "What the memory model measures", for the figures). Not modeled: fusion that
+keeps a value longer than the jaxpr does (T5's shared position-bias gradient, fused
+across layers) and XLA's own reordering. `add_any` (AD's sums of gradient
+contributions) is an add XLA can fuse, but is left out of `FUSIBLE` by measurement: with
+it, 4 of 26 of T5's rounds fall more than 10 % + 8 MiB under XLA's figure (1 without),
+while 2 of GPT-2's 50 come within (`python -m experiments.model_vs_xla` and the figures
+of `experiments/results/bench_recompile_predicted.json`, 2026-12-03).
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
-them). Control-flow working sets join the heap at their step.
+them).
 """
 
 from __future__ import annotations
@@ -41,23 +54,27 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from jax_symmem._src import memory
-from jax_symmem._src.ir import Const, Program
+from jax_symmem._src.ir import Const, Node, Program
 from jax_symmem._src.shape_graph import ShapeGraph
 
 # Elementwise primitives XLA computes inside the loop of the op that reads them. (Not the
 # ones whose output shares its operand's buffer, `memory.ALIAS_RULES`: they run no loop.)
 FUSIBLE = frozenset("""
-    abs add and broadcast_in_dim ceil clamp convert_element_type copy copy_p cos div eq erf
-    erf_inv exp exp2 expand_dims expm1 floor ge gt integer_pow iota is_finite le log log1p logistic
-    lt max min mul ne neg not or pow reduce_precision rem reshape round rsqrt select_n sign sin
-    sqrt square squeeze sub tanh xor""".split())
+    abs add and bitcast_convert_type broadcast_in_dim ceil clamp convert_element_type copy
+    copy_p cos div eq erf erf_inv exp exp2 expand_dims expm1 floor ge gt integer_pow iota is_finite
+    le log log1p logistic lt max min mul ne neg not or pow reduce_precision rem reshape round rsqrt
+    select_n shift_left shift_right_arithmetic shift_right_logical sign sin sqrt square squeeze sub
+    tanh xor""".split())
 # Those XLA does not compute twice: with several readers, stored once.
 EXPENSIVE = frozenset("cos div erf erf_inv exp exp2 expm1 log log1p logistic pow rsqrt sin sqrt "
                       "tanh".split())
 # Readers whose loop can compute a fused operand: elementwise ops, reductions, data movement.
 FUSES_INTO = FUSIBLE | frozenset("""
     argmax argmin concatenate dynamic_slice dynamic_update_slice pad reduce_and reduce_max
-    reduce_min reduce_or reduce_prod reduce_sum scatter-add slice transpose""".split())
+    reduce_min reduce_or reduce_prod reduce_sum scatter-add slice split transpose""".split())
+# A value computed from constants alone (a broadcast literal, an iota) is also sunk into
+# the loops that read it (XLA's while-loop constant sinking), to be fused there.
+_TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
@@ -69,32 +86,79 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
   stored = _stored(program, fusion)
-  if not stored.owned:
-    return arguments
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
   start, end = stored.live_ranges(pos)
   sizes = np.asarray([size[v] for v in stored.owned], np.int64)
+  is_output = stored.is_output
+  if program.control_flow:   # a loop's working set: temporaries at the loop's step
+    parts = [(pos[node.index], b) for node in program.control_flow
+             for b in (_working_parts(graph, node, env) if fusion
+                       else (memory.transient_at(graph, node, env),))]
+    at = np.asarray([p for p, _ in parts], np.int64)
+    sizes = np.concatenate([sizes, np.asarray([b for _, b in parts], np.int64)])
+    start, end = np.concatenate([start, at]), np.concatenate([end, at])
+    is_output = np.concatenate([is_output, np.zeros(len(at), bool)])
   spare = sorted(size[program.inputs[k]] for k in frozenset(donated))   # donated buffers outputs reuse
   # Biggest first; at equal size an output first; then by when it is made.
-  by_xla = np.lexsort((start, ~stored.is_output, -sizes))
+  by_xla = np.lexsort((start, ~is_output, -sizes))
   heap = np.zeros(len(order) + 1, np.int64)
   allocations = _Allocations()
   for i in by_xla.tolist():
     s, d, e = int(sizes[i]), int(start[i]), int(end[i])
-    if stored.is_output[i]:
+    if is_output[i]:
       k = bisect.bisect_left(spare, s)
       if k < len(spare) and spare[k] == s:
         del spare[k]
       else:   # outputs all live to the end: none can share another's allocation
         allocations.new(s, d, e)
-    elif not allocations.place_temporary(d, e):
+    elif s and not allocations.place_temporary(d, e):
       heap[d] += s
       heap[e + 1] -= s
-  live = np.cumsum(heap)[:len(order)]
-  for node in program.control_flow:
-    live[pos[node.index]] += memory.transient_at(graph, node, env)
-  return arguments + allocations.total + int(live.max(initial=0))
+  return arguments + allocations.total + int(np.cumsum(heap).max(initial=0))
+
+
+def working_set(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
+  """A loop's working set as XLA stores it at the complete dims `env`: one iteration's
+  stored values at the body's peak, above what the body receives (the largest body;
+  nested loops' own working sets at their steps). A cond's is the model's
+  (`memory.transient_at`: its branches' results go into the cond's outputs)."""
+  return sum(_working_parts(graph, node, env))
+
+
+def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tuple[int, ...]:
+  """The sizes of the buffers in `working_set` (the buffer assigner places each apart)."""
+  if node.name == "cond":
+    return (memory.transient_at(graph, node, env),)
+  cache = graph.node_cache("xla working set at " + repr(sorted(env.items())))
+  if node not in cache:
+    best: tuple[int, ...] = ()
+    for body in node.subprograms:
+      streamed = carried = sliced = frozenset()
+      if node.name == "scan":
+        k, xs = node.params["num_carry"], node.params["num_consts"] + node.params["num_carry"]
+        carried = frozenset(x for x in body.outputs[:k] if not isinstance(x, Const))
+        streamed = frozenset(x for x in body.outputs[k:] if not isinstance(x, Const))
+        sliced = frozenset(body.inputs[xs:])
+      stored = _stored(body, True, streamed, carried, sliced)
+      n = len(body.nodes)
+      size = graph.bytes_at(env, stored.owned)
+      sizes = np.asarray([size[v] for v in stored.owned], np.int64)
+      start, end = stored.live_ranges(np.arange(n))
+      live = np.zeros(n + 1, np.int64)
+      np.add.at(live, start, sizes)
+      np.add.at(live, end + 1, -sizes)
+      live = np.cumsum(live)[:n]
+      inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
+      for i, parts in inner.items():
+        live[i] += sum(parts)
+      if not n:
+        continue
+      p = int(live.argmax())
+      if live[p] > sum(best):
+        best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ())
+    cache[node] = best
+  return cache[node]
 
 
 def stored_outputs(program: Program) -> frozenset[int]:
@@ -124,12 +188,18 @@ class _Stored:
     return start, end
 
 
-def _stored(program: Program, fusion: bool) -> _Stored:
-  key = (id(program), fusion)
+def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
+            carried: frozenset = frozenset(), sliced: frozenset = frozenset()) -> _Stored:
+  """`streamed`: results the caller copies out as soon as they are made (a scan body's
+  per-iteration outputs, which XLA writes into their stacked buffers): temporaries, unless
+  also `carried` (the loop's next state), which live to the body's end when stored.
+  `sliced`: inputs that are one iteration's slice of a stacked operand, stored (from
+  their first reader to their last) where a reader cannot compute the slice itself."""
+  key = (id(program), fusion, streamed, carried, sliced)
   hit = _STORED.get(key)
   if hit is not None and hit[0] is program:
     return hit[1]
-  fused = fused_values(program) if fusion else {}
+  fused = fused_values(program, streamed, carried) if fusion else {}
   via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
 
   def reads(x: int) -> tuple[int, ...]:
@@ -147,13 +217,23 @@ def _stored(program: Program, fusion: bool) -> _Stored:
       if o not in fused and o not in alias:
         index[o] = len(made_by)
         made_by.append(node.index)
+  if sliced:
+    first: dict[int, int] = {}
+    for node in program.nodes:
+      for x in sliced.intersection(y for x in node.operands for y in reads(x)):
+        first[x] = min(first.get(x, node.index), node.index)
+        if node.name not in FUSES_INTO:
+          index.setdefault(x, -1)
+    for x in [x for x, k in index.items() if k < 0]:
+      index[x] = len(made_by)
+      made_by.append(first[x])
   read_by, read_value = [], []
   for node in program.nodes:
     for k in {index.get(alias.get(y, y)) for x in node.operands for y in reads(x)}:
       if k is not None:
         read_by.append(node.index)
         read_value.append(k)
-  outputs = stored_outputs(program)
+  outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
   stored = _Stored(owned, np.asarray(made_by, np.int64),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
@@ -165,24 +245,58 @@ def _stored(program: Program, fusion: bool) -> _Stored:
 _STORED: dict = {}
 
 
-def fused_values(program: Program) -> dict[int, tuple[int, ...]]:
-  """The values XLA computes inside their readers -> the values they read."""
-  readers: dict[int, list[str]] = {}
+def fused_values(program: Program, streamed: frozenset = frozenset(),
+                 carried: frozenset = frozenset()) -> dict[int, tuple[int, ...]]:
+  """The values XLA computes inside their readers -> the values they read.
+
+  A loop body's `streamed` results (copied into their stacked buffers as they are made)
+  and `carried` results (written into the loop's state) are read by that copy too, which
+  can compute them. A cheap value fused into several readers is computed in each, so an
+  expensive value it reads is computed once per reader's loop: read by more than one
+  loop, it is stored."""
+  readers: dict[int, list[Node]] = {}
   for node in program.nodes:
     for x in set(node.operands):
-      readers.setdefault(x, []).append(node.name)
-  results = {x for x in program.outputs if not isinstance(x, Const)}
-  fused = {}
-  for node in program.nodes:
-    if node.name not in FUSIBLE or len(node.outputs) != 1:
+      readers.setdefault(x, []).append(node)
+  results = {x for x in program.outputs if not isinstance(x, Const)} - streamed - carried
+  fused: dict[int, tuple[int, ...]] = {}
+  loops: dict[int, int] = {}   # a value -> how many loops compute or read it
+  for node in reversed(_topological(program)):   # a value's readers are decided first
+    if len(node.outputs) != 1:
       continue
     (v,) = node.outputs
-    names = readers.get(v)
-    if (v in results or not names or not FUSES_INTO.issuperset(names)
-        or (node.name in EXPENSIVE and len(names) > 1)):
+    rs = readers.get(v, ())
+    loops[v] = (v in streamed) + (v in carried) + sum(
+        loops[r.outputs[0]] if r.outputs and r.outputs[0] in fused else 1 for r in rs)
+    takers = FUSES_INTO if node.operands else _TAKE_CONSTANTS   # a constant, broadcast
+    if (node.name not in FUSIBLE or v in results or not loops[v]
+        or not all(r.name in takers for r in rs)
+        or (node.name in EXPENSIVE and loops[v] > 1)):
       continue
     fused[v] = node.operands
   return fused
+
+
+def _topological(program: Program) -> list[Node]:
+  """The nodes, each after the producers of its operands (a rewritten program lists
+  appended nodes last, not in dataflow order)."""
+  producer = {o: node.index for node in program.nodes for o in node.outputs}
+  seen: set[int] = set()
+  out: list[Node] = []
+  for root in program.nodes:
+    stack = [(root.index, False)]
+    while stack:
+      i, expanded = stack.pop()
+      if expanded:
+        out.append(program.nodes[i])
+        continue
+      if i in seen:
+        continue
+      seen.add(i)
+      stack.append((i, True))
+      stack.extend((producer[x], False) for x in program.nodes[i].operands
+                   if x in producer and producer[x] not in seen)
+  return out
 
 
 class _Allocations:
