@@ -7,6 +7,7 @@ this prints and writes to experiments/results/bench_models.json:
    footprint of the same step compiled as symmem.jit compiles it under a budget
    (jax.jit's options without XNNPACK fusions, so XLA sees every buffer, DESIGN.md F2;
    also recorded: with the memory-optimized scheduler); goal: within 10 % + 8 MiB;
+   beside it the footprint symmem.jit decides by (`Analysis.round_footprint`);
 2. reach: the real peak of the planner's last round against that of the model with
    `jax.checkpoint` (`nn.remat`) on each layer (compiled with barriers kept, F1);
    goal <= 1.05;
@@ -312,6 +313,7 @@ def run_workload(w: Workload, passes: int) -> dict:
     args = (state, *w.batch(length))
     exe0, _ = _compile_round(analysis, 0, dims, args)
     model0, xla0 = analysis.round_peak(0, dims), _footprint(exe0)
+    predicted0 = analysis.round_footprint(0, dims)   # what symmem.jit decides by
     xla0_memopt = None
     if cpu:   # the same round with the memory-optimized scheduler (what round 0 compiled
       # with before it took jax.jit's options less XNNPACK): XLA sees every buffer either way
@@ -325,6 +327,8 @@ def run_workload(w: Workload, passes: int) -> dict:
         "dims": dims, "model_round0_mib": model0 / MiB, "xla_round0_mib": xla0 / MiB,
         "xla_round0_memopt_mib": xla0_memopt / MiB if cpu else None,
         "model_ok": _common.model_near_xla(model0, xla0),
+        "predicted_round0_mib": predicted0 / MiB,
+        "predicted_ok": _common.model_near_xla(predicted0, xla0),
         "jit_real_mib": jit_real["real"] / MiB, "per_layer_real_mib": ckpt_real["real"] / MiB,
         "last_round_real_mib": last_real["real"] / MiB,
         "reach": last_real["real"] / ckpt_real["real"], "budget_mib": budget / MiB}
@@ -378,7 +382,8 @@ def run_workload(w: Workload, passes: int) -> dict:
     same_options = (f"; with the budget's options {row['time_vs_per_layer_same_options']:.2f} "
                     f"({row['time_vs_per_layer_same_options_min']:.2f})" if cpu else "")
     print(f"  {dims}: model {model0 / MiB:.1f} vs XLA {xla0 / MiB:.1f} MiB{memopt} "
-          f"[{'ok' if row['model_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
+          f"[{'ok' if row['model_ok'] else 'OFF'}], predicted {predicted0 / MiB:.1f} "
+          f"[{'ok' if row['predicted_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
           f"per-layer {row['per_layer_real_mib']:.1f}, last round {row['last_round_real_mib']:.1f} "
           f"(reach {row['reach']:.2f}), symmem {row['symmem_real_mib']:.1f} round "
           f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "

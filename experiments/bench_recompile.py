@@ -3,6 +3,7 @@
   python -m experiments.bench_recompile [--workloads=llama,t5] [--out PATH]   (bench_models' flags)
   python -m experiments.bench_recompile --replay experiments/results/bench_recompile.json
       [--figure=modeled]   # replay deciding by the modeled peak (files that record it)
+      [--figure=today]     # ... by symmem.jit's figure computed today for the same plans
 
 For each step of `experiments.bench_models` at its two longer lengths, compiles every
 round as `symmem.jit` compiles it under a budget and records the modeled peak and XLA's
@@ -42,9 +43,10 @@ from jax_symmem._src import variants
 # --workloads and --out are bench_models' flags (imported above); --out's default here:
 flags.FLAGS.set_default("out", "experiments/results/bench_recompile.json")
 REPLAY = flags.DEFINE_string("replay", None, "replay the search on this results file only")
-FIGURE = flags.DEFINE_enum("figure", "dispatch", ["dispatch", "modeled"],
-                           "the figure the replayed search decides by: symmem.jit's (the "
-                           "predicted footprint) or the op-by-op modeled peak, where recorded")
+FIGURE = flags.DEFINE_enum("figure", "dispatch", ["dispatch", "modeled", "today"],
+                           "the figure the replayed search decides by: symmem.jit's as "
+                           "recorded (the predicted footprint), the op-by-op modeled peak "
+                           "where recorded, or symmem.jit's computed today for the same plans")
 BUDGETS = 101
 
 
@@ -64,6 +66,21 @@ def figures(w, analysis) -> dict:
     print(f"{w.name} s={s}: " + " ".join(f"{k}:{m / 2**20:.0f}/{x / 2**20:.0f}"
                                          for k, m, x, _ in rows), flush=True)
     out[str(s)] = rows
+  return out
+
+
+def today(name: str, lengths: dict) -> dict:
+  """Recorded rows with the figure symmem.jit decides by computed today (the XLA figures
+  stay as measured: the plans must be the ones they were measured on)."""
+  w = bench_models.WORKLOADS[name]()
+  analysis = bench_models._analysis(w)
+  out = {}
+  for s, rows in lengths.items():
+    if len(rows) != len(analysis.rounds):
+      raise SystemExit(f"{name}: {len(rows)} rounds measured, {len(analysis.rounds)} planned "
+                       "today; --figure=today needs the same plans")
+    dims = w.dims(int(s))
+    out[s] = [[k, analysis.dispatch_figure(k, dims), *rest] for k, _, *rest in rows]
   return out
 
 
@@ -169,6 +186,8 @@ def main(argv):
     with open(REPLAY.value) as f:
       measured = json.load(f)
     table = measured["figures"]
+    if FIGURE.value == "today":
+      table = {name: today(name, lengths) for name, lengths in table.items()}
     # Files from before the roles were recorded: the plan made now, where it has as many
     # rounds as were measured (else the defaults: the last round and round 0).
     table_roles = measured.get("roles")
