@@ -128,13 +128,20 @@ def _scanned_relu(x, ws, w2):
   return h @ w2    # made after the loop: its buffer holds the loop's dot before
 
 
+def _dropped_layer(x, w, keep):
+  def layer(h):
+    return jnp.tanh(h @ w) * 0.5 + h    # computed into the cond's output buffer
+  return lax.cond(keep > 0, layer, lambda h: h, x) @ w
+
+
 @pytest.mark.parametrize("n", [32, 512, 4096])
-@pytest.mark.parametrize("fun", [_scanned_layers, _scanned_relu])
-def test_a_scan_as_xla_stores_it(fun, n):
-  """A loop's working set as XLA's buffer assigner lays it out: within the loop's own
-  bookkeeping (its trip counter and state tuple, under 1 KiB) of XLA's figure."""
-  ws, w2 = jnp.ones((4, 64, 64)) / 64, jnp.ones((64, 64)) / 64
-  args = (ws,) if fun is _scanned_layers else (ws, w2)
+@pytest.mark.parametrize("fun", [_scanned_layers, _scanned_relu, _dropped_layer])
+def test_control_flow_as_xla_stores_it(fun, n):
+  """A loop's or cond's working set as XLA's buffer assigner lays it out: within the
+  control flow's own bookkeeping (a trip counter, tuples of pointers: under 1 KiB) of
+  XLA's figure."""
+  ws, w = jnp.ones((4, 64, 64)) / 64, jnp.ones((64, 64)) / 64
+  args = {_scanned_layers: (ws,), _scanned_relu: (ws, w), _dropped_layer: (w, jnp.int32(1))}[fun]
   an = symmem.analyze(fun, jnp.ones((8, 64)), *args,
                       polymorphic_shapes=("n, _",) + (None,) * len(args),
                       constraints=("n <= 4096",))

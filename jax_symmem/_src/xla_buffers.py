@@ -25,9 +25,9 @@ Loops (scan, while) are laid out the same way, one iteration at a time: a scan b
 per-iteration results are computed into their stacked buffers and its next state into
 the loop's state (XLA updates both in place), so a cheap one is never stored on its own;
 an iteration's slice of a stacked operand is stored where a reader (a dot) needs it.
-The body's buffers at its peak are temporaries at the loop's step, placed like any other
-(into an output's allocation made after the loop, else the heap). A cond's working set
-is the model's.
+A cond's branch computes its results into the cond's output buffers. The body's (or
+branch's) buffers at its peak are temporaries at the loop's step, placed like any other
+(into an output's allocation made after the loop, else the heap).
 
 So a step whose new parameters and optimizer state are made after its peak still pays
 for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
@@ -119,23 +119,23 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
 
 
 def working_set(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
-  """A loop's working set as XLA stores it at the complete dims `env`: one iteration's
-  stored values at the body's peak, above what the body receives (the largest body;
-  nested loops' own working sets at their steps). A cond's is the model's
-  (`memory.transient_at`: its branches' results go into the cond's outputs)."""
+  """A loop's or cond's working set as XLA stores it at the complete dims `env`: one
+  iteration's (one branch's) stored values at its peak, above what it receives and what
+  goes into the cond's outputs (the largest body or branch; nested control flow's own
+  working sets at their steps)."""
   return sum(_working_parts(graph, node, env))
 
 
 def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tuple[int, ...]:
   """The sizes of the buffers in `working_set` (the buffer assigner places each apart)."""
-  if node.name == "cond":
-    return (memory.transient_at(graph, node, env),)
   cache = graph.node_cache("xla working set at " + repr(sorted(env.items())))
   if node not in cache:
     best: tuple[int, ...] = ()
     for body in node.subprograms:
       streamed = carried = sliced = frozenset()
-      if node.name == "scan":
+      if node.name == "cond":   # results computed into the cond's own output buffers
+        streamed = frozenset(x for x in body.outputs if not isinstance(x, Const))
+      elif node.name == "scan":
         k, xs = node.params["num_carry"], node.params["num_consts"] + node.params["num_carry"]
         carried = frozenset(x for x in body.outputs[:k] if not isinstance(x, Const))
         streamed = frozenset(x for x in body.outputs[k:] if not isinstance(x, Const))
@@ -143,7 +143,8 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       stored = _stored(body, True, streamed, carried, sliced)
       n = len(body.nodes)
       size = graph.bytes_at(env, stored.owned)
-      sizes = np.asarray([size[v] for v in stored.owned], np.int64)
+      sizes = np.asarray([0 if node.name == "cond" and v in streamed else size[v]
+                          for v in stored.owned], np.int64)
       start, end = stored.live_ranges(np.arange(n))
       live = np.zeros(n + 1, np.int64)
       np.add.at(live, start, sizes)
