@@ -91,14 +91,21 @@ def test_what_fuses():
   p = jaxpr_of(lambda x: jnp.sum(jnp.tanh(x) * 2.0 + 1.0, axis=1), x)
   assert names(p, xla_buffers.fused_values(p)) == ["add", "mul", "tanh"]
   # Read twice, an expensive value is stored once; a cheap one is computed in each reader.
-  p = jaxpr_of(lambda x: (lambda e: jnp.sum(e) + jnp.max(e))(jnp.exp(x)), x)
-  assert "exp" not in names(p, xla_buffers.fused_values(p))
-  p = jaxpr_of(lambda x: (lambda m: jnp.sum(m) + jnp.max(m))(x * 3.0), x)
+  two = lambda m: (jnp.sum(m, axis=1), jnp.max(m, axis=1))
+  p = jaxpr_of(lambda x: two(jnp.exp(x)), x)
+  assert not xla_buffers.fused_values(p)
+  p = jaxpr_of(lambda x: two(x * 3.0), x)
   assert names(p, xla_buffers.fused_values(p)) == ["mul"]
   # An expensive value read by a cheap one that two readers compute: computed in two
   # loops, so stored.
-  p = jaxpr_of(lambda x: (lambda m: jnp.sum(m) + jnp.max(m))(jnp.exp(x) * 3.0), x)
+  p = jaxpr_of(lambda x: two(jnp.exp(x) * 3.0), x)
   assert names(p, xla_buffers.fused_values(p)) == ["mul"]
+  # A reduction is computed in its one reader's loop, unless that reader reads each of its
+  # elements many times (a broadcast back to the operand's shape).
+  p = jaxpr_of(lambda x: jnp.sum(x, axis=1) * 2.0, x)
+  assert names(p, xla_buffers.fused_values(p)) == ["reduce_sum"]
+  p = jaxpr_of(lambda x: x - jnp.sum(x, axis=1, keepdims=True), x)
+  assert names(p, xla_buffers.fused_values(p)) == ["broadcast_in_dim"]
   # A step's result is stored, whatever computes it; a loop body's per-iteration result
   # is computed into its stacked buffer (streamed) or the loop's state (carried).
   p = jaxpr_of(lambda x: x * 2.0, x)

@@ -14,12 +14,15 @@ same size) and
 * packs the other temporaries into one heap, as large as their live sum at its peak
   (XLA's heap simulator; measured equal on the steps of `experiments.bench_models`).
 
-Before that, XLA fuses: a cheap elementwise value (`FUSIBLE`) whose every reader can take
-it into its own loop (`FUSES_INTO`) is computed inside its readers and never stored, and
-what it reads stays live until its last reader runs; an expensive one (`EXPENSIVE`: exp,
-tanh, divide...) that more than one loop would compute is stored once instead (XLA's
-instruction fusion does not duplicate it). A value made from constants alone is also
-sunk into the loops that read it. `fusion=False` lays out every value.
+Before that, XLA fuses (the rules of its CPU instruction fusion, `cpu_instruction_fusion.cc`:
+which producers its loop emitter can compute, which are expensive, which readers reuse
+elements): a value made by an elementwise op, data movement or a reduction (`FUSIBLE`)
+whose every reader can take it into its own loop (`FUSES_INTO`) is computed inside its
+readers and never stored, and what it reads stays live until its last reader runs; an
+expensive one (`EXPENSIVE`: exp, tanh, divide, a reduction...) only where one loop
+computes it and that loop reads each element once (not a broadcast's: `REUSES`), since
+XLA does not duplicate it. A value made from constants alone is also sunk into the loops
+that read it. `fusion=False` lays out every value.
 
 Loops (scan, while) are laid out the same way, one iteration at a time: a scan body's
 per-iteration results are computed into their stacked buffers and its next state into
@@ -32,13 +35,11 @@ branch's) buffers at its peak are temporaries at the loop's step, placed like an
 So a step whose new parameters and optimizer state are made after its peak still pays
 for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
 GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
-(README, "What the memory model measures", for the figures). Not modeled: fusion that
-keeps a value longer than the jaxpr does (T5's shared position-bias gradient, fused
-across layers) and XLA's own reordering. `add_any` (AD's sums of gradient
-contributions) is an add XLA can fuse, but is left out of `FUSIBLE` by measurement: with
-it, 4 of 26 of T5's rounds fall more than 10 % + 8 MiB under XLA's figure (1 without),
-while 2 of GPT-2's 50 come within (`python -m experiments.model_vs_xla` and the figures
-of `experiments/results/bench_recompile_predicted.json`, 2026-12-03).
+(README, "What the memory model measures", for the figures); and T5's shared
+position-bias gradient, a reduction per layer fused into the sum across layers at the end
+of the backward pass, keeps each layer's operand of it live until then. Not modeled:
+XLA's own reordering, and fusions it declines for their cost (duplicated code, minor-
+dimension concatenations).
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
@@ -57,21 +58,24 @@ from jax_symmem._src import memory
 from jax_symmem._src.ir import Const, Node, Program
 from jax_symmem._src.shape_graph import ShapeGraph
 
-# Elementwise primitives XLA computes inside the loop of the op that reads them. (Not the
-# ones whose output shares its operand's buffer, `memory.ALIAS_RULES`: they run no loop.)
+# Primitives XLA's CPU and GPU loop fusion computes inside the loop of the op that reads
+# them: elementwise ops, data movement and reductions. (Not the ones whose output shares
+# its operand's buffer, `memory.ALIAS_RULES`: they run no loop.)
 FUSIBLE = frozenset("""
-    abs add and bitcast_convert_type broadcast_in_dim ceil clamp convert_element_type copy
-    copy_p cos div eq erf erf_inv exp exp2 expand_dims expm1 floor ge gt integer_pow iota is_finite
-    le log log1p logistic lt max min mul ne neg not or pow reduce_precision rem reshape round rsqrt
-    select_n shift_left shift_right_arithmetic shift_right_logical sign sin sqrt square squeeze sub
-    tanh xor""".split())
-# Those XLA does not compute twice: with several readers, stored once.
-EXPENSIVE = frozenset("cos div erf erf_inv exp exp2 expm1 log log1p logistic pow rsqrt sin sqrt "
-                      "tanh".split())
-# Readers whose loop can compute a fused operand: elementwise ops, reductions, data movement.
-FUSES_INTO = FUSIBLE | frozenset("""
-    argmax argmin concatenate dynamic_slice dynamic_update_slice pad reduce_and reduce_max
-    reduce_min reduce_or reduce_prod reduce_sum scatter-add slice split transpose""".split())
+    abs add add_any and argmax argmin bitcast_convert_type broadcast_in_dim ceil clamp
+    concatenate convert_element_type copy copy_p cos div dynamic_slice eq erf erf_inv exp exp2
+    expand_dims expm1 floor gather ge gt integer_pow iota is_finite le log log1p logistic lt max
+    min mul ne neg not or pad pow reduce_and reduce_max reduce_min reduce_or reduce_precision
+    reduce_prod reduce_sum rem reshape rev round rsqrt select_n shift_left shift_right_arithmetic
+    shift_right_logical sign sin slice sqrt square squeeze sub tanh transpose xor""".split())
+# Those XLA does not compute twice (with several readers they are stored once), nor in a
+# reader that reads each element many times (`REUSES`).
+EXPENSIVE = frozenset("""
+    argmax argmin div erf erf_inv exp exp2 expm1 gather log log1p logistic pow reduce_and
+    reduce_max reduce_min reduce_or reduce_prod reduce_sum rsqrt sqrt tanh""".split())
+REUSES = frozenset("broadcast_in_dim gather".split())
+# Readers whose loop can compute a fused operand: the same ops, and in-place updates.
+FUSES_INTO = FUSIBLE | frozenset("dynamic_update_slice scatter-add split".split())
 # A value computed from constants alone (a broadcast literal, an iota) is also sunk into
 # the loops that read it (XLA's while-loop constant sinking), to be fused there.
 _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
@@ -272,7 +276,7 @@ def fused_values(program: Program, streamed: frozenset = frozenset(),
     takers = FUSES_INTO if node.operands else _TAKE_CONSTANTS   # a constant, broadcast
     if (node.name not in FUSIBLE or v in results or not loops[v]
         or not all(r.name in takers for r in rs)
-        or (node.name in EXPENSIVE and loops[v] > 1)):
+        or (node.name in EXPENSIVE and (loops[v] > 1 or any(r.name in REUSES for r in rs)))):
       continue
     fused[v] = node.operands
   return fused
