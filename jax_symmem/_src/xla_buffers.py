@@ -144,8 +144,10 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
         carried = frozenset(x for x in body.outputs[:k] if not isinstance(x, Const))
         streamed = frozenset(x for x in body.outputs[k:] if not isinstance(x, Const))
         sliced = frozenset(body.inputs[xs:])
-      stored = _stored(body, True, streamed, carried, sliced)
       n = len(body.nodes)
+      if not n:
+        continue
+      stored = _stored(body, True, streamed, carried, sliced)
       size = graph.bytes_at(env, stored.owned)
       sizes = np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                           for v in stored.owned], np.int64)
@@ -157,8 +159,6 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
       for i, parts in inner.items():
         live[i] += sum(parts)
-      if not n:
-        continue
       p = int(live.argmax())
       if live[p] > sum(best):
         best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ())
@@ -206,13 +206,12 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
     return hit[1]
   fused = fused_values(program, streamed, carried) if fusion else {}
   via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
-
-  def reads(x: int) -> tuple[int, ...]:
-    if x not in fused:
-      return (x,)
-    if x not in via:
-      via[x] = tuple(dict.fromkeys(y for o in fused[x] for y in reads(o)))
-    return via[x]
+  if fused:   # in dataflow order: chains of fused values can be thousands long
+    for node in _topological(program):
+      for v in node.outputs:
+        if v in fused:
+          via[v] = tuple(dict.fromkeys(y for o in fused[v] for y in via.get(o, (o,))))
+  reads = lambda x: via.get(x, (x,))
 
   alias = memory._aliases(program)   # noqa: SLF001 (the model's own buffers)
   index: dict[int, int] = {}
