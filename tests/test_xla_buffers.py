@@ -180,3 +180,14 @@ def test_what_symmem_jit_decides_by(monkeypatch):
   assert analysis_lib.RoundPeaks(an, dims)[0] == an.round_peak(0, dims)   # choose_round's
   monkeypatch.setattr(analysis_lib, "PREDICT_XLA_BUFFERS", False)
   assert an.dispatch_figure(0, dims) == an.round_peak(0, dims)
+
+
+def test_a_long_fused_chain():
+  """Thousands of elementwise ops into a reduction: all computed in its loop (the fused
+  reads are resolved without recursion)."""
+  def chain(x):
+    for _ in range(2000):
+      x = x * 1.0001 + 0.5
+    return jnp.sum(x)
+  an = symmem.analyze(chain, jnp.ones((8, 4)), polymorphic_shapes=("n, _",))
+  assert an.round_footprint(0, {"n": 64}) == 64 * 4 * 4 + 4   # the argument and the result
