@@ -191,3 +191,29 @@ def test_a_long_fused_chain():
     return jnp.sum(x)
   an = symmem.analyze(chain, jnp.ones((8, 4)), polymorphic_shapes=("n, _",))
   assert an.round_footprint(0, {"n": 64}) == 64 * 4 * 4 + 4   # the argument and the result
+
+
+_DOTS = {   # name: (the dot, operand shapes, which operands XLA copies into a canonical layout)
+    "matmul": ("ij,jk->ik", ((512, 64), (64, 96)), ()),
+    "lhs contracted first": ("ji,jk->ik", ((512, 96), (512, 64)), ()),
+    "weight gradient": ("bsf,bsd->fd", ((4, 512, 96), (4, 512, 64)), (0,)),
+    "projection": ("bsd,df->bsf", ((4, 512, 64), (64, 96)), ()),
+    "attention scores": ("bhqd,bhkd->bhqk", ((4, 4, 512, 32), (4, 4, 512, 32)), ()),
+    "batch dims not leading": ("bqhd,bkhd->bhqk", ((4, 512, 4, 32), (4, 512, 4, 32)), (0, 1)),
+}
+
+
+@pytest.mark.parametrize("name", list(_DOTS))
+def test_a_dot_as_xla_lays_it_out(name):
+  """XLA's dot emitter takes one free and one contracting dim per operand, in either
+  order, behind leading batch dims; other operands it copies into that layout first."""
+  spec, shapes, copied = _DOTS[name]
+  args = tuple(jnp.ones(s) for s in shapes)
+  an = symmem.analyze(lambda a, b: jnp.einsum(spec, a, b), *args,
+                      polymorphic_shapes=(None, None))
+  r = an.rounds[0]
+  size = r.graph.bytes_at({}, r.program.value_ids())
+  (dot,) = [n for n in r.program.nodes if n.name == "dot_general"]
+  assert sorted(b for _, b in xla_buffers._dot_copies(r.program, size)) == sorted(
+      size[dot.inputs[k]] for k in copied)
+  assert an.round_footprint(0, {}) == budgets.xla_bytes(an, 0, {}, args)

@@ -30,7 +30,10 @@ the loop's state (XLA updates both in place), so a cheap one is never stored on 
 an iteration's slice of a stacked operand is stored where a reader (a dot) needs it.
 A cond's branch computes its results into the cond's output buffers. The body's (or
 branch's) buffers at its peak are temporaries at the loop's step, placed like any other
-(into an output's allocation made after the loop, else the heap).
+(into an output's allocation made after the loop, else the heap). So is a dot operand
+XLA copies into the layout its dot emitter takes (`_dot_copies`: a weight gradient's
+activations contracted over batch and sequence, attention operands whose batch dims do
+not lead).
 
 So a step whose new parameters and optimizer state are made after its peak still pays
 for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
@@ -38,8 +41,9 @@ GELU intermediates and broadcast masks, which the op-by-op model holds, are not 
 (README, "What the memory model measures", for the figures); and T5's shared
 position-bias gradient, a reduction per layer fused into the sum across layers at the end
 of the backward pass, keeps each layer's operand of it live until then. Not modeled:
-XLA's own reordering, and fusions it declines for their cost (duplicated code, minor-
-dimension concatenations).
+XLA's own reordering, fusions it declines for their cost (duplicated code, minor-
+dimension concatenations), and an elementwise op writing into the buffer of an operand
+that dies at it.
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
@@ -95,10 +99,13 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   start, end = stored.live_ranges(pos)
   sizes = np.asarray([size[v] for v in stored.owned], np.int64)
   is_output = stored.is_output
-  if program.control_flow:   # a loop's working set: temporaries at the loop's step
-    parts = [(pos[node.index], b) for node in program.control_flow
-             for b in (_working_parts(graph, node, env) if fusion
-                       else (memory.transient_at(graph, node, env),))]
+  # A loop's working set, a dot's transposed operands: temporaries at that node's step.
+  parts = [(pos[node.index], b) for node in program.control_flow
+           for b in (_working_parts(graph, node, env) if fusion
+                     else (memory.transient_at(graph, node, env),))]
+  if fusion:
+    parts += [(pos[i], b) for i, b in _dot_copies(program, size)]
+  if parts:
     at = np.asarray([p for p, _ in parts], np.int64)
     sizes = np.concatenate([sizes, np.asarray([b for _, b in parts], np.int64)])
     start, end = np.concatenate([start, at]), np.concatenate([end, at])
@@ -157,6 +164,8 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       np.add.at(live, end + 1, -sizes)
       live = np.cumsum(live)[:n]
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
+      for i, b in _dot_copies(body, graph.bytes_at(env, body.value_ids())):
+        inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
         live[i] += sum(parts)
       p = int(live.argmax())
@@ -164,6 +173,34 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
         best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ())
     cache[node] = best
   return cache[node]
+
+
+def _dot_copies(program: Program, size: Mapping[int, int]) -> list[tuple[int, int]]:
+  """(node, bytes) of the operands XLA copies into a canonical layout for a dot: its dot
+  emitter takes one free and one contracting dim per operand in either order, behind
+  leading batch dims; an operand with several free or contracting dims is transposed to
+  [batch, free, contracting] (lhs) or [batch, contracting, free] (rhs), a copy unless its
+  dims are in that order already, and one whose batch dims do not lead is copied."""
+  out = []
+  for node in program.nodes:
+    if node.name != "dot_general":
+      continue
+    (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+    for x, contract, batch, lhs in zip(node.inputs, (lc, rc), (lb, rb), (True, False)):
+      if isinstance(x, Const):
+        continue
+      rank = len(program.avals[x].shape)
+      free = [d for d in range(rank) if d not in contract and d not in batch]
+      if list(batch) != list(range(len(batch))):
+        copied = True
+      elif len(free) <= 1 and len(contract) <= 1:
+        copied = False
+      else:
+        order = list(batch) + (free + list(contract) if lhs else list(contract) + free)
+        copied = order != list(range(rank))
+      if copied and size[x]:
+        out.append((node.index, size[x]))
+  return out
 
 
 def stored_outputs(program: Program) -> frozenset[int]:
