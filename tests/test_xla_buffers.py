@@ -203,13 +203,17 @@ _DOTS = {   # name: (the dot, operand shapes, which operands XLA copies into a c
 }
 
 
+@pytest.mark.parametrize("scaled", [False, True])
 @pytest.mark.parametrize("name", list(_DOTS))
-def test_a_dot_as_xla_lays_it_out(name):
+def test_a_dot_as_xla_lays_it_out(name, scaled):
   """XLA's dot emitter takes one free and one contracting dim per operand, in either
-  order, behind leading batch dims; other operands it copies into that layout first."""
+  order, behind leading batch dims; other operands it copies into that layout first.
+  Scaled, the product is overwritten in place by the scaling, unless XLA computed it as
+  a matrix with merged free dims (a projection's [b*s, f]) and reshaped it."""
   spec, shapes, copied = _DOTS[name]
   args = tuple(jnp.ones(s) for s in shapes)
-  an = symmem.analyze(lambda a, b: jnp.einsum(spec, a, b), *args,
+  product = lambda a, b: jnp.einsum(spec, a, b)
+  an = symmem.analyze((lambda a, b: product(a, b) * 2.0) if scaled else product, *args,
                       polymorphic_shapes=(None, None))
   r = an.rounds[0]
   size = r.graph.bytes_at({}, r.program.value_ids())

@@ -40,10 +40,11 @@ for them at the peak, less what temporaries fit into their buffers before; and G
 GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
 (README, "What the memory model measures", for the figures); and T5's shared
 position-bias gradient, a reduction per layer fused into the sum across layers at the end
-of the backward pass, keeps each layer's operand of it live until then. Not modeled:
-XLA's own reordering, fusions it declines for their cost (duplicated code, minor-
-dimension concatenations), and an elementwise op writing into the buffer of an operand
-that dies at it.
+of the backward pass, keeps each layer's operand of it live until then. An elementwise op writes into the
+buffer of an operand of its size that dies at it (`IN_PLACE`; not a dot's result XLA
+computed with merged free dims and reshaped, nor a loop body's result, which is copied
+out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
+(duplicated code, minor-dimension concatenations).
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
@@ -78,6 +79,11 @@ EXPENSIVE = frozenset("""
     argmax argmin div erf erf_inv exp exp2 expm1 gather log log1p logistic pow reduce_and
     reduce_max reduce_min reduce_or reduce_prod reduce_sum rsqrt sqrt tanh""".split())
 REUSES = frozenset("broadcast_in_dim gather".split())
+# Those that read each operand element where they write it: XLA lets one write into the
+# buffer of an operand of its size that dies there.
+IN_PLACE = FUSIBLE - frozenset("""
+    argmax argmin broadcast_in_dim concatenate dynamic_slice gather iota pad reduce_and
+    reduce_max reduce_min reduce_or reduce_prod reduce_sum rev slice transpose""".split())
 # Readers whose loop can compute a fused operand: the same ops, and in-place updates.
 FUSES_INTO = FUSIBLE | frozenset("dynamic_update_slice scatter-add split".split())
 # A value computed from constants alone (a broadcast literal, an iota) is also sunk into
@@ -97,7 +103,7 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
   start, end = stored.live_ranges(pos)
-  sizes = np.asarray([size[v] for v in stored.owned], np.int64)
+  sizes = stored.shared(np.asarray([size[v] for v in stored.owned], np.int64), start, end)
   is_output = stored.is_output
   # A loop's working set, a dot's transposed operands: temporaries at that node's step.
   parts = [(pos[node.index], b) for node in program.control_flow
@@ -156,9 +162,9 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
         continue
       stored = _stored(body, True, streamed, carried, sliced)
       size = graph.bytes_at(env, stored.owned)
-      sizes = np.asarray([0 if node.name == "cond" and v in streamed else size[v]
-                          for v in stored.owned], np.int64)
       start, end = stored.live_ranges(np.arange(n))
+      sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
+                                        for v in stored.owned], np.int64), start, end)
       live = np.zeros(n + 1, np.int64)
       np.add.at(live, start, sizes)
       np.add.at(live, end + 1, -sizes)
@@ -173,6 +179,22 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
         best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ())
     cache[node] = best
   return cache[node]
+
+
+def _free_dims(program: Program, node: Node) -> list[list[int]]:
+  """A dot's free (neither batch nor contracting) dims of each operand."""
+  (lc, rc), (lb, rb) = node.params["dimension_numbers"]
+  ranks = [len((x.aval if isinstance(x, Const) else program.avals[x]).shape)
+           for x in node.inputs]
+  return [[d for d in range(r) if d not in c and d not in b]
+          for r, c, b in zip(ranks, (lc, rc), (lb, rb))]
+
+
+def _reshaped_dot(node: Node | None, program: Program) -> bool:
+  """A dot XLA computes as a matrix product with merged free dims and reshapes after: its
+  result's buffer is the matrix's, which an elementwise reader cannot overwrite."""
+  return (node is not None and node.name == "dot_general"
+          and any(len(f) > 1 for f in _free_dims(program, node)))
 
 
 def _dot_copies(program: Program, size: Mapping[int, int]) -> list[tuple[int, int]]:
@@ -219,6 +241,8 @@ class _Stored:
   is_output: np.ndarray         # which are program results
   read_by: np.ndarray           # (node, index into `owned`) of every read, fused reads
   read_value: np.ndarray        #   resolved to the stored values they compute from
+  in_place: tuple[tuple[int, int], ...] = ()   # (value, an operand it may overwrite),
+                                               #   indices into `owned`, in dataflow order
 
   def live_ranges(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first step, last step) of each owned buffer, in positions of an order (`pos`:
@@ -228,6 +252,18 @@ class _Stored:
     np.maximum.at(end, self.read_value, pos[self.read_by])
     end[self.is_output] = len(pos) - 1
     return start, end
+
+  def shared(self, sizes: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """`sizes` with each value that writes into a dying operand's buffer merged into that
+    buffer: the value starts where the operand did, the operand takes no bytes of its own
+    (`start` is updated in place)."""
+    sizes = sizes.copy()
+    for v, u in self.in_place:
+      if (sizes[u] and sizes[u] == sizes[v] and end[u] == start[v]
+          and not self.is_output[u]):
+        start[v] = start[u]
+        sizes[u] = 0
+    return sizes
 
 
 def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
@@ -276,9 +312,16 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
         read_value.append(k)
   outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
+  producer = {o: node for node in program.nodes for o in node.outputs}
+  in_place = tuple((index[v], index[u]) for node in (_topological(program) if fusion else ())
+                   if node.name in IN_PLACE and len(node.outputs) == 1
+                   for v in node.outputs if v in index
+                   for u in dict.fromkeys(node.operands)
+                   if u in index and u not in streamed and u not in carried
+                   and not _reshaped_dot(producer.get(u), program))
   stored = _Stored(owned, np.asarray(made_by, np.int64),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
-                   np.asarray(read_by, np.int64), np.asarray(read_value, np.int64))
+                   np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place)
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
