@@ -2,10 +2,11 @@
 
 Checked against XLA's own memory_analysis() exactly, on a chain of dots (the layout:
 outputs held apart, a temporary inside an output's buffer) and on a mask broadcast
-read by a select (fusion: neither is stored), and within a loop's bookkeeping on scans
-(per-iteration results computed into their stacks and the loop's state, a constant
-sunk into the loop, the body's buffers inside an output's); and, for the layout alone, by the bounds
-that hold on any program: every live byte of the model is in an argument, an output's
+read by a select (fusion: neither is stored), on dots (operands copied into the dot
+emitter's layout, a product scaled in place), and within the bookkeeping of scans and a
+cond (per-iteration results computed into their stacks and the loop's state, a constant
+sunk into the loop, the body's buffers inside an output's); and, for the layout alone, by
+the bounds that hold on any program: every live byte of the model is in an argument, an output's
 allocation or the heap, and the layout adds at most the outputs' bytes.
 """
 
@@ -216,8 +217,7 @@ def test_a_dot_as_xla_lays_it_out(name, scaled):
   an = symmem.analyze((lambda a, b: product(a, b) * 2.0) if scaled else product, *args,
                       polymorphic_shapes=(None, None))
   r = an.rounds[0]
-  size = r.graph.bytes_at({}, r.program.value_ids())
   (dot,) = [n for n in r.program.nodes if n.name == "dot_general"]
-  assert sorted(b for _, b in xla_buffers._dot_copies(r.program, size)) == sorted(
-      size[dot.inputs[k]] for k in copied)
+  assert sorted(x for _, x in xla_buffers._copied_operands(r.program)) == sorted(
+      dot.inputs[k] for k in copied)
   assert an.round_footprint(0, {}) == budgets.xla_bytes(an, 0, {}, args)

@@ -31,7 +31,7 @@ an iteration's slice of a stacked operand is stored where a reader (a dot) needs
 A cond's branch computes its results into the cond's output buffers. The body's (or
 branch's) buffers at its peak are temporaries at the loop's step, placed like any other
 (into an output's allocation made after the loop, else the heap). So is a dot operand
-XLA copies into the layout its dot emitter takes (`_dot_copies`: a weight gradient's
+XLA copies into the layout its dot emitter takes (`_copied_operands`: a weight gradient's
 activations contracted over batch and sequence, attention operands whose batch dims do
 not lead).
 
@@ -40,10 +40,10 @@ for them at the peak, less what temporaries fit into their buffers before; and G
 GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
 (README, "What the memory model measures", for the figures); and T5's shared
 position-bias gradient, a reduction per layer fused into the sum across layers at the end
-of the backward pass, keeps each layer's operand of it live until then. An elementwise op writes into the
-buffer of an operand of its size that dies at it (`IN_PLACE`; not a dot's result XLA
-computed with merged free dims and reshaped, nor a loop body's result, which is copied
-out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
+of the backward pass, keeps each layer's operand of it live until then. An elementwise
+op writes into the buffer of an operand of its size that dies at it (`IN_PLACE`; not a
+dot's result XLA computed with merged free dims and reshaped, nor a loop body's result,
+which is copied out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
 (duplicated code, minor-dimension concatenations).
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
@@ -109,8 +109,7 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   parts = [(pos[node.index], b) for node in program.control_flow
            for b in (_working_parts(graph, node, env) if fusion
                      else (memory.transient_at(graph, node, env),))]
-  if fusion:
-    parts += [(pos[i], b) for i, b in _dot_copies(program, size)]
+  parts += [(pos[i], size[x]) for i, x in stored.dot_copies if size[x]]
   if parts:
     at = np.asarray([p for p, _ in parts], np.int64)
     sizes = np.concatenate([sizes, np.asarray([b for _, b in parts], np.int64)])
@@ -161,7 +160,7 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       if not n:
         continue
       stored = _stored(body, True, streamed, carried, sliced)
-      size = graph.bytes_at(env, stored.owned)
+      size = graph.bytes_at(env, body.value_ids())
       start, end = stored.live_ranges(np.arange(n))
       sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
@@ -170,8 +169,9 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       np.add.at(live, end + 1, -sizes)
       live = np.cumsum(live)[:n]
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
-      for i, b in _dot_copies(body, graph.bytes_at(env, body.value_ids())):
-        inner[i] = inner.get(i, ()) + (b,)
+      for i, x in stored.dot_copies:
+        if size[x]:
+          inner[i] = inner.get(i, ()) + (size[x],)
       for i, parts in inner.items():
         live[i] += sum(parts)
       p = int(live.argmax())
@@ -197,8 +197,8 @@ def _reshaped_dot(node: Node | None, program: Program) -> bool:
           and any(len(f) > 1 for f in _free_dims(program, node)))
 
 
-def _dot_copies(program: Program, size: Mapping[int, int]) -> list[tuple[int, int]]:
-  """(node, bytes) of the operands XLA copies into a canonical layout for a dot: its dot
+def _copied_operands(program: Program) -> tuple[tuple[int, int], ...]:
+  """(node, operand) of the dot operands XLA copies into a canonical layout: its dot
   emitter takes one free and one contracting dim per operand in either order, behind
   leading batch dims; an operand with several free or contracting dims is transposed to
   [batch, free, contracting] (lhs) or [batch, contracting, free] (rhs), a copy unless its
@@ -208,21 +208,20 @@ def _dot_copies(program: Program, size: Mapping[int, int]) -> list[tuple[int, in
     if node.name != "dot_general":
       continue
     (lc, rc), (lb, rb) = node.params["dimension_numbers"]
-    for x, contract, batch, lhs in zip(node.inputs, (lc, rc), (lb, rb), (True, False)):
+    for x, contract, batch, free, lhs in zip(node.inputs, (lc, rc), (lb, rb),
+                                             _free_dims(program, node), (True, False)):
       if isinstance(x, Const):
         continue
-      rank = len(program.avals[x].shape)
-      free = [d for d in range(rank) if d not in contract and d not in batch]
       if list(batch) != list(range(len(batch))):
         copied = True
       elif len(free) <= 1 and len(contract) <= 1:
         copied = False
       else:
         order = list(batch) + (free + list(contract) if lhs else list(contract) + free)
-        copied = order != list(range(rank))
-      if copied and size[x]:
-        out.append((node.index, size[x]))
-  return out
+        copied = order != sorted(order)
+      if copied:
+        out.append((node.index, x))
+  return tuple(out)
 
 
 def stored_outputs(program: Program) -> frozenset[int]:
@@ -243,6 +242,7 @@ class _Stored:
   read_value: np.ndarray        #   resolved to the stored values they compute from
   in_place: tuple[tuple[int, int], ...] = ()   # (value, an operand it may overwrite),
                                                #   indices into `owned`, in dataflow order
+  dot_copies: tuple[tuple[int, int], ...] = ()   # (node, value id): `_copied_operands`
 
   def live_ranges(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first step, last step) of each owned buffer, in positions of an order (`pos`:
@@ -278,9 +278,10 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
   if hit is not None and hit[0] is program:
     return hit[1]
   fused = fused_values(program, streamed, carried) if fusion else {}
+  dataflow = _topological(program) if fusion else []
   via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
   if fused:   # in dataflow order: chains of fused values can be thousands long
-    for node in _topological(program):
+    for node in dataflow:
       for v in node.outputs:
         if v in fused:
           via[v] = tuple(dict.fromkeys(y for o in fused[v] for y in via.get(o, (o,))))
@@ -313,7 +314,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
   outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
   producer = {o: node for node in program.nodes for o in node.outputs}
-  in_place = tuple((index[v], index[u]) for node in (_topological(program) if fusion else ())
+  in_place = tuple((index[v], index[u]) for node in dataflow
                    if node.name in IN_PLACE and len(node.outputs) == 1
                    for v in node.outputs if v in index
                    for u in dict.fromkeys(node.operands)
@@ -321,7 +322,8 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                    and not _reshaped_dot(producer.get(u), program))
   stored = _Stored(owned, np.asarray(made_by, np.int64),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
-                   np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place)
+                   np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place,
+                   _copied_operands(program) if fusion else ())
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
