@@ -180,6 +180,18 @@ def _nnx_scan(g: Geometry = Geometry()) -> Workload:
       lambda s: llama.example_batch(cfg, g.batch, s))
 
 
+def _eqx_scan(g: Geometry = Geometry()) -> Workload:
+  # Equinox's scan over layers (eqx.filter_vmap-built layers under lax.scan, modules on one
+  # sequence, the model vmapped over the batch); per-layer checkpointing is
+  # eqx.filter_checkpoint on the scanned layer.
+  from jax_symmem.examples import gpt_equinox
+  cfg = gpt_equinox.GPTConfig(vocab=g.vocab, d_model=g.d_model, n_layers=g.n_layers,
+                              n_heads=g.n_heads, d_ff=4 * g.d_model, max_len=g.lengths[-1])
+  return _token_workload(
+      "eqx_scan", g, lambda policy: gpt_equinox.train_step_fn(cfg, remat_policy=policy),
+      lambda: gpt_equinox.init_state(cfg), lambda s: gpt_equinox.example_batch(cfg, g.batch, s))
+
+
 def _t5(g: Geometry = Geometry()) -> Workload:
   from jax_symmem.examples import t5
   cfg = t5.PRESETS["small"]   # the CPU tables' T5 (its own vocabulary and head width)
@@ -201,7 +213,8 @@ WORKLOADS = {
     "llama": lambda g=Geometry(): _llama(False, g=g),
     "llama_scan": lambda g=Geometry(): _llama(True, g=g),
     "llama_scan_remat": lambda g=Geometry(): _llama(True, annotated=True, g=g),
-    "nnx_scan": _nnx_scan, "gpt2": _gpt2, "gpt2_layerdrop": _gpt2_layerdrop, "t5": _t5,
+    "nnx_scan": _nnx_scan, "eqx_scan": _eqx_scan, "gpt2": _gpt2,
+    "gpt2_layerdrop": _gpt2_layerdrop, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
 }

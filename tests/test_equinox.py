@@ -1,0 +1,67 @@
+"""An Equinox model (modules as pytrees, layers scanned) under symmem.jit."""
+
+from unittest import mock
+
+import chex
+import jax
+import pytest
+
+import jax_symmem as symmem
+from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import loop_remat
+from jax_symmem.examples import llama
+from tests import budgets
+
+pytest.importorskip("equinox")
+from jax_symmem.examples import gpt_equinox  # noqa: E402
+
+CFG = gpt_equinox.GPTConfig(vocab=64, d_model=32, n_layers=2, n_heads=2, d_ff=64, max_len=64)
+SHAPES = (None, "b, s", "b, s")
+CONSTRAINTS = llama.step_constraints(64, 4)
+
+
+def test_equinox_scanned_step_without_a_budget_is_jax_jit_at_each_shape():
+  # Without a budget symmem.jit compiles per shape what jax.jit compiles: bitwise equal.
+  fn = gpt_equinox.train_step_fn(CFG)
+  state = gpt_equinox.init_state(CFG)
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  ref = jax.jit(fn)
+  for b, s in ((2, 16), (3, 40)):
+    tokens, mask = gpt_equinox.example_batch(CFG, b, s)
+    chex.assert_trees_all_equal(step(state, tokens, mask), ref(state, tokens, mask))
+  assert step.cache_info()["compiles"] == 2
+
+
+def test_equinox_scanned_step_under_a_tight_budget_matches_jax_jit_with_the_same_options():
+  # The scan that Equinox's scan-over-layers pattern makes (eqx.filter_vmap-built layers,
+  # partition / combine in the body, the model vmapped over the batch) is a loop the
+  # planner evicts from: a remat round runs and computes what jax.jit computes.
+  fn = gpt_equinox.train_step_fn(CFG)
+  state = gpt_equinox.init_state(CFG)
+  tokens, mask = gpt_equinox.example_batch(CFG, 4, 64)
+  dims = {"b": 4, "s": 64}
+  analysis = symmem.analyze(fn, state, tokens, mask, polymorphic_shapes=SHAPES,
+                            constraints=CONSTRAINTS)
+  assert any(isinstance(r, loop_remat.LoopEviction) for rnd in analysis.rounds for r in rnd.regions)
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
+                    memory_budget=budgets.tight_budget(analysis, dims, (state, tokens, mask)))
+  # The budget is a few MiB: arrays other tests hold must not count against it.
+  with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+    got = step(state, tokens, mask)
+  assert "fallback" not in step.last_call and step.last_call["round"] > 0
+  options = (jit_lib.CPU_COMPILER_OPTIONS if jax.devices()[0].platform == "cpu"
+             else jit_lib.GPU_COMPILER_OPTIONS)
+  ref = jax.jit(fn).lower(state, tokens, mask).compile(compiler_options=options)
+  chex.assert_trees_all_close(got, ref(state, tokens, mask), rtol=1e-5, atol=1e-6)
+
+
+def test_equinox_per_layer_checkpointing_computes_the_same_step():
+  # remat_policy="layer" (eqx.filter_checkpoint on the scanned layer) changes what is
+  # saved, not what is computed.
+  state = gpt_equinox.init_state(CFG)
+  tokens, mask = gpt_equinox.example_batch(CFG, 2, 16)
+  plain = jax.jit(gpt_equinox.train_step_fn(CFG))(state, tokens, mask)
+  remat = jax.jit(gpt_equinox.train_step_fn(CFG, remat_policy="layer"))(state, tokens, mask)
+  chex.assert_trees_all_close(remat, plain, rtol=1e-5, atol=1e-6)
+  with pytest.raises(ValueError, match="remat_policy"):
+    gpt_equinox.train_step_fn(CFG, remat_policy="dots")
