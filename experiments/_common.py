@@ -82,20 +82,21 @@ def trees_close(a, b) -> bool:
 
 
 def settle(step, args) -> dict:
-  """Calls a symmem.jit step until a call compiles nothing, and returns the first call's
-  record (with its compiles): a shape's later calls may compile rounds that recompute
-  less (the refinement, one compile per call, at most MAX_RECOMPILES). Each output is
+  """Calls a symmem.jit step until its shape has nothing pending (`last_call["pending"]`),
+  and returns the first call's record (with its compiles): a shape's later calls may
+  compile rounds that recompute less (the refinement, one compile per call, at most
+  MAX_RECOMPILES), and with `speed_trials=True` time two rounds in turn. Each output is
   dropped before the next call: held, it would count as other live arrays (reserved
   bytes), which a training loop's replaced state does not."""
   import jax
+  from jax_symmem._src import speed_trial
   from jax_symmem._src import variants
   jax.block_until_ready(step(*args))
   first = dict(step.last_call, compiles=step.cache_info()["compiles"])
-  for _ in range(variants.MAX_RECOMPILES + 1):
-    compiles = step.cache_info()["compiles"]
-    jax.block_until_ready(step(*args))
-    if step.cache_info()["compiles"] == compiles:
+  for _ in range(variants.MAX_RECOMPILES + 3 + 2 * speed_trial.TIMED_CALLS):
+    if not step.last_call.get("pending"):
       break
+    jax.block_until_ready(step(*args))
   return first
 
 

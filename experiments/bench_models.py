@@ -82,6 +82,9 @@ WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (defa
 GEOMETRY = flags.DEFINE_enum("geometry", "cpu", list(GEOMETRIES), "the steps' sizes")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
+SPEED_TRIALS = flags.DEFINE_bool(
+    "speed_trials", False, "symmem.jit(speed_trials=True): a recurring shape times its round "
+    "against the last round and keeps the faster")
 OUT = flags.DEFINE_string("out", "experiments/results/bench_models.json", "results file")
 
 
@@ -237,10 +240,12 @@ def _per_layer_options() -> dict:
   return dict(FENCE) if _platform() == "cpu" else {}
 
 
-def measured(workload: str, variant: str, length: int, budget: int = 0, geometry: str = "cpu"):
+def measured(workload: str, variant: str, length: int, budget: int = 0, geometry: str = "cpu",
+             speed_trials: bool = False):
   """(fn, args, extra) for jax_symmem.measure: `variant` is "jit" (jax.jit), "per_layer"
   (nn.remat on each layer, barriers kept), "last_round" (the planner's last round,
-  compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`)."""
+  compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`, with
+  `speed_trials` as given)."""
   w = WORKLOADS[workload](GEOMETRIES[geometry])
   args = (w.state(), *w.batch(length))
   extra = {"argument_bytes": _common.tree_bytes(args)}
@@ -254,12 +259,12 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
     flat = jax.tree_util.tree_leaves(args)
     return (lambda *a: exe(*flat)), args, dict(extra, xla=_footprint(exe), round=k)
   step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
-                    memory_budget=budget)
+                    memory_budget=budget, speed_trials=speed_trials)
   first = _common.settle(step, args)   # the measured call runs the round every later call runs
   info = step.cache_info()
   return step, args, dict(extra, **{k: step.last_call[k] for k in ("round", "xla_bytes")},
                           compiles=first["compiles"], first_round=first["round"],
-                          refinements=info["refinements"])
+                          refinements=info["refinements"], total_compiles=info["compiles"])
 
 
 def _analysis(w: Workload):
@@ -279,7 +284,7 @@ def _compile_round(analysis, k, dims, args, options=None):
 def _real(workload, variant, length, budget=0) -> dict:
   return _common.real_peak("experiments.bench_models:measured", workload=workload,
                            variant=variant, length=length, budget=budget,
-                           geometry=GEOMETRY.value)
+                           geometry=GEOMETRY.value, speed_trials=SPEED_TRIALS.value)
 
 
 # --- the run --------------------------------------------------------------------------------
@@ -317,7 +322,7 @@ def run_workload(w: Workload, passes: int) -> dict:
         flush=True)
   state = w.state()
   step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
-                    memory_budget=budget)
+                    memory_budget=budget, speed_trials=SPEED_TRIALS.value)
   ref = jax.jit(w.step(None))
   per_layer = jax.jit(w.step("layer"))
   rows = []
@@ -377,6 +382,7 @@ def run_workload(w: Workload, passes: int) -> dict:
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
         "symmem_first_round": sym_real["first_round"],
         "symmem_refinements": sym_real["refinements"],
+        "symmem_total_compiles": sym_real.get("total_compiles"),
         "within_budget": sym_real["real"] <= _common.budget_limit(budget),
         "time_vs_per_layer": times["symmem"] / times["per_layer"],
         "time_vs_jit": times["symmem"] / times["jit"] if "jit" in times else None,
@@ -388,7 +394,8 @@ def run_workload(w: Workload, passes: int) -> dict:
                                                if cpu else None),
         "time_vs_jit_min": fastest["symmem"] / fastest["jit"] if "jit" in fastest else None,
         "step_s": times, "step_s_min": fastest, "equal_to_jax_jit": same,
-        "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB})
+        "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB,
+        "speed_trials": [t for t in step.speed_trial_results() if t["dims"] == dims]})
     vs_jit = (f"{row['time_vs_jit']:.2f} ({row['time_vs_jit_min']:.2f})" if row["time_vs_jit"]
               else "(jax.jit over)")
     memopt = f" (memory-optimized scheduler {xla0_memopt / MiB:.1f})" if cpu else ""
@@ -404,7 +411,10 @@ def run_workload(w: Workload, passes: int) -> dict:
           f"{row['symmem_refinements']} refinement compiles on later calls); timed round {row['timed_round']} (other live arrays "
           f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f} "
           f"(fastest passes {row['time_vs_per_layer_min']:.2f}{same_options}), "
-          f"vs jax.jit {vs_jit}; equal to jax.jit: {same}", flush=True)
+          f"vs jax.jit {vs_jit}; equal to jax.jit: {same}"
+          + "".join(f"; speed trial: kept round {t['kept']} (median s " + ", ".join(
+              f"round {r} {v:.3f}" for r, v in sorted(t["median_s"].items())) + ")"
+                    for t in row["speed_trials"]), flush=True)
   return {"workload": w.name, "plan_s": plan_s, "rounds": len(analysis.rounds) - 1,
           "budget_mib": budget / MiB, "rows": rows}
 

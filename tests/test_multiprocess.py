@@ -143,3 +143,18 @@ def test_readings_travel_exactly_above_int32(monkeypatch):
 
 def _halves(values):
   return np.array([h for v in values for h in (v >> 30, v & (2**30 - 1))], np.int32)
+
+
+def test_speed_trial_times_agree_on_the_slowest_process(monkeypatch):
+  # Each process times its own calls; all must keep the same round, so each round's
+  # time is the slowest process's (an SPMD step waits for it).
+  monkeypatch.setattr(device, "spans_processes", lambda args: True)
+  other = {0: 0.9, 5: 1.3}   # the other process: round 5 slower there
+  def gather(halves):
+    return np.stack([halves, _halves([round(other[r] * 1e6) for r in sorted(other)])])
+  monkeypatch.setattr(device.multihost_utils, "process_allgather", gather)
+  mine = {0: 1.0, 5: 0.5}
+  agreed = device.agreed_seconds(mine, [])
+  assert agreed == {0: 1.0, 5: 1.3}
+  from jax_symmem._src.speed_trial import SpeedTrial
+  assert SpeedTrial(0, 5).winner(mine) == 5 and SpeedTrial(0, 5).winner(agreed) == 0

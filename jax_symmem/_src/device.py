@@ -88,3 +88,13 @@ def agreed_footprint(footprint: int, args: Sequence[Any]) -> int:
   if not spans_processes(args):
     return footprint
   return max(r for (r,) in all_processes((footprint,)))
+
+
+def agreed_seconds(seconds: dict[int, float], args: Sequence[Any]) -> dict[int, float]:
+  """Per-round step times as every process of the step agrees on them (the slowest
+  process's, which an SPMD step waits for), so each keeps the same round."""
+  if not spans_processes(args):
+    return seconds
+  rounds = sorted(seconds)
+  rows = all_processes([round(seconds[r] * 1e6) for r in rounds])
+  return {r: max(row[i] for row in rows) / 1e6 for i, r in enumerate(rounds)}

@@ -16,6 +16,9 @@ At the first call the step is traced once with symbolic dims and analysed
    compiled next (bounded), ending with the last round. Only when XLA reports
    every variant tried, the last round included, over the budget does the call
    raise `BudgetError`: a variant over budget never runs.
+5. with `speed_trials=True`, a shape that comes back also runs its last round,
+   in turn with the dispatched one on timed calls, and keeps the faster
+   (`speed_trial.py`): fewer FLOPs recomputed is not always faster on XLA.
 
 Recomputation is fenced with optimization barriers and compiled with XLA:CPU's
 `cse_barrier_expander` disabled, or XLA would merge it back (F1).
@@ -28,6 +31,7 @@ import functools
 import gc
 import math
 import threading
+import time
 from typing import Any, Callable
 
 from absl import logging
@@ -38,9 +42,11 @@ from jax_symmem._src import budget as budget_lib
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src.device import agreed_footprint as _agreed_footprint
 from jax_symmem._src.device import agreed_reserved as _agreed_reserved
+from jax_symmem._src.device import agreed_seconds as _agreed_seconds
 from jax_symmem._src.device import device_memory as _device_memory
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import sharding as sharding_lib
+from jax_symmem._src import speed_trial as speed_trial_lib
 from jax_symmem._src import tracing
 from jax_symmem._src import validation
 from jax_symmem._src import variants as variants_lib
@@ -84,6 +90,10 @@ class _Entry:
   # that recomputes less than the one dispatched may still fit (`_refine`).
   searches: dict[tuple, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
   refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
+  # Speed trials (`speed_trials=True`): the keys whose trial is running, and those settled
+  # (key -> {round: median seconds}; {} where no trial could run).
+  trials: dict[tuple, speed_trial_lib.SpeedTrial] = dataclasses.field(default_factory=dict)
+  timed: dict[tuple, dict[int, float]] = dataclasses.field(default_factory=dict)
 
 
 class SymmemFunction:
@@ -92,7 +102,7 @@ class SymmemFunction:
   def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
                impose_schedule: bool = False, static_argnums=(), static_argnames=(),
                donate_argnums=(), in_shardings=None, out_shardings=None, plan_cache_dir=None,
-               **jit_kwargs):
+               speed_trials: bool = False, **jit_kwargs):
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
@@ -112,11 +122,12 @@ class SymmemFunction:
     self._sharding_kwargs = {k: v for k, v in (("in_shardings", in_shardings),
                                                ("out_shardings", out_shardings)) if v is not None}
     self._impose_schedule = impose_schedule
+    self._speed_trials = speed_trials
     self._lock = threading.RLock()
     self._entries: dict[Any, _Entry] = {}                 # static key -> its state
     self.last_call: dict | None = None                    # the most recent dispatch
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
-                    "refinements": 0, "budget_errors": 0}
+                    "refinements": 0, "budget_errors": 0, "speed_trials": 0}
 
   # -- public --
   def __call__(self, *args, **kwargs):
@@ -179,14 +190,16 @@ class SymmemFunction:
         self._counts["hits"] += 1
         if key in entry.searches:
           variant = self._refine(entry, key, dims, variant, args, flat, budget, reserved)
+        elif self._speed_trials and budget is not None and key not in entry.timed:
+          return self._trial_call(entry, key, dims, variant, args, flat, budget, reserved)
       if variant is not None:
         entry.decisions[key] = variant.round
+      pending = self._pending(entry, key)
     if variant is None:
       return self._call_fallback(entry, args, kwargs)
-    self.last_call = {"dims": dims, "round": variant.round, "reserved": reserved,
-                      "budget": budget, "xla_bytes": variant.xla_bytes}
-    out = variant.executable(*flat)
-    return jax.tree_util.tree_unflatten(traced.out_tree, out)
+    out = self._run(entry, dims, variant, flat, budget, reserved)
+    self.last_call["pending"] = pending
+    return out
 
   def analyze(self, *args, **kwargs) -> analysis_lib.Analysis:
     """The symbolic analysis for these (example) arguments."""
@@ -200,9 +213,18 @@ class SymmemFunction:
     """Counts: compiles, cache hits, recompiles (a first call's compiles after the
     first: XLA reported a variant over budget), refinements (compiles on a shape's later
     calls of a round that recomputes less, `_refine`), calls that fell back to jax.jit,
-    calls refused with BudgetError, executables."""
+    calls refused with BudgetError, speed trials settled (`speed_trials=True`),
+    executables."""
     with self._lock:
       return dict(self._counts, executables=sum(len(e.variants) for e in self._entries.values()))
+
+  def speed_trial_results(self) -> list[dict]:
+    """Each settled speed trial (`speed_trials=True`): dims, the reserved MiB and budget
+    it ran under, the median seconds per round timed, and the round the shape kept."""
+    with self._lock:
+      return [{"dims": dict(key[0]), "reserved_mib": key[1], "budget": key[2],
+               "median_s": dict(medians), "kept": e.decisions.get(key)}
+              for e in self._entries.values() for key, medians in e.timed.items() if medians]
 
   def variants(self) -> list[dict]:
     """Each compiled executable: dims, eviction round, XLA's footprint in bytes
@@ -374,6 +396,66 @@ class SymmemFunction:
       del entry.variants[(key[0], variant.round)]
     return candidate
 
+  def _trial_call(self, entry: _Entry, key, dims, variant, args, flat, budget, reserved):
+    """One call of a shape's speed trial (`speed_trial.py`), under the lock: the round
+    dispatched and the last round run in turn, each timed from its inputs ready to its
+    outputs ready; when both have their timed calls, the shape keeps the faster."""
+    analysis = entry.analysis
+    trial = entry.trials.get(key)
+    if trial is None:
+      last = len(analysis.rounds) - 1
+      policy = self._policy(flat, budget, reserved)
+      challenger = entry.variants.get((key[0], last))
+      if challenger is None and variant.round != last:
+        try:
+          challenger = variants_lib.compile_round(analysis, dims, last, policy,
+                                                  self._lower(args, flat, entry),
+                                                  entry.calibration, entry.calibrated_at)
+        except Exception as e:  # noqa: BLE001 - keep running the variant that works
+          logging.warning("jax_symmem: compiling round %d of %s at %s for a speed trial failed "
+                          "(%s: %s)", last, analysis.traced.fun_name, dims, type(e).__name__, e)
+      if variant.round == last or challenger is None or not policy.fits(challenger.xla_bytes):
+        entry.timed[key] = {}   # nothing to time (XLA puts the last round over: it never runs)
+        out = self._run(entry, dims, variant, flat, budget, reserved)
+        self.last_call["pending"] = False
+        return out
+      entry.variants[(key[0], last)] = challenger
+      trial = entry.trials[key] = speed_trial_lib.SpeedTrial(variant.round, last)
+    k = entry.decisions[key] = trial.next_round()
+    jax.block_until_ready(flat)   # the previous step's work is not this call's time
+    t0 = time.perf_counter()
+    out = jax.block_until_ready(self._run(entry, dims, entry.variants[(key[0], k)], flat,
+                                          budget, reserved))
+    trial.record(k, time.perf_counter() - t0)
+    self.last_call["speed_trial"] = True
+    self.last_call["pending"] = not trial.done()
+    if trial.done():
+      del entry.trials[key]
+      # Across processes: the slowest one's times, so every process keeps the same round.
+      entry.timed[key] = _agreed_seconds(trial.medians(), flat)
+      self._counts["speed_trials"] += 1
+      keep = entry.decisions[key] = trial.winner(entry.timed[key])
+      drop = trial.challenger if keep == trial.incumbent else trial.incumbent
+      logging.info("jax_symmem: %s at %s keeps round %d after a speed trial (median s: %s)",
+                   analysis.traced.fun_name, dims, keep,
+                   ", ".join(f"round {r} {t:.4f}" for r, t in sorted(entry.timed[key].items())))
+      if not any(k2[0] == key[0] and r == drop for k2, r in entry.decisions.items()):
+        entry.variants.pop((key[0], drop), None)   # no other key runs it: free the executable
+    return out
+
+  def _pending(self, entry: _Entry, key) -> bool:
+    """Whether later calls at `key` may still compile or time other rounds (a refinement
+    search, or a speed trial not yet settled)."""
+    return key in entry.searches or (self._speed_trials and key[2] is not None
+                                     and key not in entry.timed)
+
+  def _run(self, entry: _Entry, dims, variant, flat, budget, reserved):
+    """Runs `variant` on the flat arguments (recorded as `last_call`)."""
+    self.last_call = {"dims": dims, "round": variant.round, "reserved": reserved,
+                      "budget": budget, "xla_bytes": variant.xla_bytes}
+    out = variant.executable(*flat)
+    return jax.tree_util.tree_unflatten(entry.analysis.traced.out_tree, out)
+
   def _policy(self, flat, budget, reserved) -> variants_lib.CompilePolicy:
     return variants_lib.CompilePolicy(
         budget=budget, reserved=reserved, platform=jax.devices()[0].platform,
@@ -423,7 +505,8 @@ class SymmemFunction:
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
-        impose_schedule: bool = False, plan_cache_dir=None, **jax_jit_kwargs):
+        impose_schedule: bool = False, plan_cache_dir=None, speed_trials: bool = False,
+        **jax_jit_kwargs):
   """Like `jax.jit`, for steps whose shapes change: one symbolic plan, a decision per shape.
 
   Args:
@@ -443,6 +526,13 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       (default $JAX_SYMMEM_PLAN_CACHE; neither: no cache). A restarted job replays
       the stored plan instead of planning again; with JAX's persistent compilation
       cache (`jax_compilation_cache_dir`) it also skips XLA's compiles.
+    speed_trials: under a budget, when a shape comes back (after its refinement), also
+      compile its last round (the least memory) and time it against the dispatched
+      round on the next calls, in turn (3 timed calls each, each waiting for its inputs
+      and outputs); the shape keeps the faster (by 3 % or more, else the dispatched
+      one). The rounds are ranked by the FLOPs they recompute, and XLA can run a round
+      that recomputes more faster (a scan's stacked residuals can cost more than
+      recomputing them). One more compile per recurring shape; off by default.
     **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, in_shardings and
       out_shardings as in jax.jit. With shardings (or sharded arguments) the memory
       model and the budget are per device.
@@ -450,7 +540,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
   if fun is None:
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                              memory_budget=memory_budget, impose_schedule=impose_schedule,
-                             plan_cache_dir=plan_cache_dir, **jax_jit_kwargs)
+                             plan_cache_dir=plan_cache_dir, speed_trials=speed_trials,
+                             **jax_jit_kwargs)
   return SymmemFunction(fun, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                         memory_budget=memory_budget, impose_schedule=impose_schedule,
-                        plan_cache_dir=plan_cache_dir, **jax_jit_kwargs)
+                        plan_cache_dir=plan_cache_dir, speed_trials=speed_trials,
+                        **jax_jit_kwargs)

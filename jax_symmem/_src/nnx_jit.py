@@ -101,9 +101,9 @@ def nnx_jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(),
   Positional arguments that are NNX objects (modules, `nnx.Optimizer`, `nnx.Rngs`) take
   None in `polymorphic_shapes`; their state is the traced function's first argument
   and is written back after each call. Other arguments, `constraints`,
-  `memory_budget` and the remaining keywords (`impose_schedule`, `plan_cache_dir`) are
-  as in `symmem.jit`; `last_call`, `cache_info()` and `jitted` (the `SymmemFunction` of
-  the latest call) report on it.
+  `memory_budget` and the remaining keywords (`impose_schedule`, `plan_cache_dir`,
+  `speed_trials`) are as in `symmem.jit`; `last_call`, `cache_info()` and `jitted` (the
+  `SymmemFunction` of the latest call) report on it.
   """
   if fun is None:
     return functools.partial(nnx_jit, polymorphic_shapes=polymorphic_shapes,
