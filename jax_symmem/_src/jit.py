@@ -428,7 +428,7 @@ class SymmemFunction:
                                           budget, reserved))
     trial.record(k, time.perf_counter() - t0)
     self.last_call["speed_trial"] = True
-    self.last_call["pending"] = not trial.done()
+    self.last_call["pending"] = True
     if trial.done():
       del entry.trials[key]
       # Across processes: the slowest one's times, so every process keeps the same round.
@@ -436,6 +436,7 @@ class SymmemFunction:
       self._counts["speed_trials"] += 1
       keep = entry.decisions[key] = trial.winner(entry.timed[key])
       drop = trial.challenger if keep == trial.incumbent else trial.incumbent
+      self.last_call["pending"] = keep != k   # later calls run another round than this one
       logging.info("jax_symmem: %s at %s keeps round %d after a speed trial (median s: %s)",
                    analysis.traced.fun_name, dims, keep,
                    ", ".join(f"round {r} {t:.4f}" for r, t in sorted(entry.timed[key].items())))
@@ -444,7 +445,7 @@ class SymmemFunction:
     return out
 
   def _pending(self, entry: _Entry, key) -> bool:
-    """Whether later calls at `key` may still compile or time other rounds (a refinement
+    """Whether later calls at `key` may run another round than this call (a refinement
     search, or a speed trial not yet settled)."""
     return key in entry.searches or (self._speed_trials and key[2] is not None
                                      and key not in entry.timed)
