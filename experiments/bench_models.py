@@ -26,6 +26,8 @@ passes (`*_min`: on a shared machine other processes only add time).
 
     python -m experiments.bench_models                 # every workload
     python -m experiments.bench_models --workloads=llama_scan,t5 --passes=5
+    python -m experiments.bench_models --workloads=eqx_scan --speed_trials   # symmem.jit's
+        # speed_trials=True: each shape also times the last round and keeps the faster
 
 On a GPU (the device check of DEVELOPERS.md), the same script with `--geometry=gpu`
 (4x wider, 2x deeper, 2x the batch, 4x the lengths) runs the same rows: per-layer
