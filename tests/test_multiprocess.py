@@ -125,6 +125,7 @@ def test_one_process_exchanges_nothing(monkeypatch):
   x = jnp.ones(4)
   assert device.agreed_reserved(123, 456, [x]) == 123
   assert device.agreed_footprint(789, [x]) == 789
+  assert device.agreed_seconds({0: 0.5, 3: 0.25}, [x]) == {0: 0.5, 3: 0.25}
 
 
 def test_readings_travel_exactly_above_int32(monkeypatch):
