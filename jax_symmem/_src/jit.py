@@ -190,7 +190,7 @@ class SymmemFunction:
         self._counts["hits"] += 1
         if key in entry.searches:
           variant = self._refine(entry, key, dims, variant, args, flat, budget, reserved)
-        elif self._speed_trials and budget is not None and key not in entry.timed:
+        elif self._trial_due(entry, key):
           return self._trial_call(entry, key, dims, variant, args, flat, budget, reserved)
       if variant is not None:
         entry.decisions[key] = variant.round
@@ -391,9 +391,7 @@ class SymmemFunction:
                  candidate.xla_bytes / 2**20)
     entry.variants[(key[0], j)] = candidate
     # The variant it replaces stays only while another key (other reserved bytes) runs it.
-    if not any(k[0] == key[0] and r == variant.round for k, r in entry.decisions.items()
-               if k != key):
-      del entry.variants[(key[0], variant.round)]
+    self._release(entry, key, variant.round)
     return candidate
 
   def _trial_call(self, entry: _Entry, key, dims, variant, args, flat, budget, reserved):
@@ -440,15 +438,24 @@ class SymmemFunction:
       logging.info("jax_symmem: %s at %s keeps round %d after a speed trial (median s: %s)",
                    analysis.traced.fun_name, dims, keep,
                    ", ".join(f"round {r} {t:.4f}" for r, t in sorted(entry.timed[key].items())))
-      if not any(k2[0] == key[0] and r == drop for k2, r in entry.decisions.items()):
-        entry.variants.pop((key[0], drop), None)   # no other key runs it: free the executable
+      self._release(entry, key, drop)
     return out
+
+  def _trial_due(self, entry: _Entry, key) -> bool:
+    """Whether `key` (dims, reserved MiB, budget) has a speed trial to run or finish."""
+    return self._speed_trials and key[2] is not None and key not in entry.timed
 
   def _pending(self, entry: _Entry, key) -> bool:
     """Whether later calls at `key` may run another round than this call (a refinement
     search, or a speed trial not yet settled)."""
-    return key in entry.searches or (self._speed_trials and key[2] is not None
-                                     and key not in entry.timed)
+    return key in entry.searches or self._trial_due(entry, key)
+
+  @staticmethod
+  def _release(entry: _Entry, key, k: int) -> None:
+    """Drops round k's executable at key's dims unless another key there still runs it."""
+    if not any(other[0] == key[0] and r == k for other, r in entry.decisions.items()
+               if other != key):
+      entry.variants.pop((key[0], k), None)
 
   def _run(self, entry: _Entry, dims, variant, flat, budget, reserved):
     """Runs `variant` on the flat arguments (recorded as `last_call`)."""

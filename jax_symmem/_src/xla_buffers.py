@@ -190,11 +190,13 @@ def _free_dims(program: Program, node: Node) -> list[list[int]]:
           for r, c, b in zip(ranks, (lc, rc), (lb, rb))]
 
 
-def _reshaped_dot(node: Node | None, program: Program) -> bool:
-  """A dot XLA computes as a matrix product with merged free dims and reshapes after: its
-  result's buffer is the matrix's, which an elementwise reader cannot overwrite."""
-  return (node is not None and node.name == "dot_general"
-          and any(len(f) > 1 for f in _free_dims(program, node)))
+def _reshaped_dots(program: Program) -> frozenset[int]:
+  """The results of dots XLA computes as a matrix product with merged free dims and
+  reshapes after: such a buffer is the matrix's, which an elementwise reader cannot
+  overwrite."""
+  return frozenset(o for node in program.nodes if node.name == "dot_general"
+                   and any(len(f) > 1 for f in _free_dims(program, node))
+                   for o in node.outputs)
 
 
 def _copied_operands(program: Program) -> tuple[tuple[int, int], ...]:
@@ -313,13 +315,13 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
         read_value.append(k)
   outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
-  producer = {o: node for node in program.nodes for o in node.outputs}
+  reshaped = _reshaped_dots(program)
   in_place = tuple((index[v], index[u]) for node in dataflow
                    if node.name in IN_PLACE and len(node.outputs) == 1
                    for v in node.outputs if v in index
                    for u in dict.fromkeys(node.operands)
                    if u in index and u not in streamed and u not in carried
-                   and not _reshaped_dot(producer.get(u), program))
+                   and u not in reshaped)
   stored = _Stored(owned, np.asarray(made_by, np.int64),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
                    np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place,
