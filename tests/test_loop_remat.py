@@ -12,10 +12,12 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import executor
+from jax_symmem._src import flops as flops_lib
 from jax_symmem._src import ir
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
+from jax_symmem._src import poly
 from jax_symmem._src import tracing
 from jax_symmem._src import variants
 from jax_symmem.examples import llama
@@ -83,6 +85,71 @@ def test_every_round_of_a_scanned_program_computes_what_jax_jit_does(
   args = _args(n_layers, b, s, seed=1)
   ref = jax.jit(fun)(*args)
   dims = {"b": b, "s": s}
+  for k in range(len(analysis.rounds)):
+    chex.assert_trees_all_close(_run_round(analysis, k, dims, args), ref, rtol=2e-5, atol=1e-6)
+
+
+def _normed_loss(n_layers):
+  """A scanned pre-norm layer: AD stacks the normalized input, not the carry, so the
+  first eviction must stack the carry, and the normalized input alone (carry-sized)
+  saves nothing; regenerating the MLP's activations recomputes it anyway."""
+  def loss(ws, x):
+    def layer(h, w):
+      w1, w2 = w
+      c = h - jnp.mean(h, axis=-1, keepdims=True)   # (a layer norm: AD saves c, not h)
+      g = c * jax.lax.rsqrt(jnp.mean(c * c, axis=-1, keepdims=True) + 1e-6)
+      return h + jnp.tanh(jax.nn.gelu(g @ w1)) @ w2, None
+    h, _ = jax.lax.scan(layer, x, ws, length=n_layers)
+    return jnp.mean(h ** 2)
+  return jax.value_and_grad(loss)
+
+
+def _walked_cost(graph, state, evicted):
+  """A replay's FLOPs, all iterations, walked from the body afresh (no cached parts)."""
+  body = state.forward.subprograms[0]
+  nodes, _ = loop_remat._needs(body, sorted(evicted))
+  per_iteration = sum((flops_lib.flops(graph, body.nodes[i]) for i in nodes), poly.ZERO)
+  return state.forward.params["length"] * per_iteration
+
+
+def test_a_residual_group_takes_what_its_leads_regeneration_recomputes_anyway():
+  fun = _normed_loss(3)
+  analysis = symmem.analyze(fun, *_args(3, 2, 8), polymorphic_shapes=(None, "b, s, _"),
+                            constraints=("s <= 64", "b <= 4"))
+  graph, env = analysis.graph, analysis.graph.constraints.complete({"b": 4, "s": 64})
+  (state,) = loop_remat.scan_pairs(analysis.traced.program).values()
+  offers = loop_remat.candidates(graph, {state.forward.index: state}, env)
+  singles = {e.output: e for e in offers if isinstance(e, loop_remat.LoopEviction)}
+  groups = [g for g in offers if isinstance(g, loop_remat.ResidualGroup)]
+  assert groups
+  identities = set(loop_remat._carry_identity(state).values())
+  residuals = [j for j in state.links if j not in identities]
+  nc = state.forward.params["num_consts"]   # the carry (one: h) is the body's input nc
+  carry = graph.bytes(state.forward.subprograms[0].inputs[nc])
+  for g in groups:
+    lead, *riders = (e.output for e in g.regions)
+    cost = _walked_cost(graph, state, {lead})
+    # Brute force: exactly the residuals whose replay with the lead's costs nothing more.
+    assert sorted(riders) == [k for k in sorted(residuals) if k != lead
+                              and _walked_cost(graph, state, {lead, k}) == cost]
+    assert g.cost == cost == poly.total(e.cost for e in g.regions)
+    # The bytes of every member, less the carry stacked once for them where no residual
+    # stacks it already.
+    read = tracing.read_inputs(state.forward.params["jaxpr"].jaxpr, [lead, *riders])
+    stacks_carry = nc in read and 0 not in loop_remat._carry_identity(state)
+    assert g.saved == (poly.total(graph.bytes(e.value) for e in g.regions)
+                       - (3 * carry if stacks_carry else poly.ZERO))
+    assert g.saved == poly.total(e.saved for e in g.regions)
+  # The normalized input: carry-sized, not offered alone, but in a group that saves.
+  normed = [j for j in residuals
+            if graph.bytes(state.forward.outputs[j]) == 3 * carry
+            and _walked_cost(graph, state, {j}) != poly.ZERO]
+  assert normed and not any(j in singles for j in normed)
+  assert any(j in (e.output for e in g.regions) for g in groups for j in normed)
+  # And the rounds that evict groups compute what jax.jit does.
+  assert any(len(r.regions) > 1 for r in analysis.rounds)
+  args, dims = _args(3, 3, 20, seed=2), {"b": 3, "s": 20}
+  ref = jax.jit(fun)(*args)
   for k in range(len(analysis.rounds)):
     chex.assert_trees_all_close(_run_round(analysis, k, dims, args), ref, rtol=2e-5, atol=1e-6)
 
@@ -394,7 +461,8 @@ def test_cond_replays_are_not_reused_across_programs_whose_branches_differ():
     env = analysis.graph.constraints.complete({"b": 4, "s": 128})
     pairs = loop_remat.cond_pairs(analysis.traced.program)
     return {(e.forward, e.output): e.cost
-            for e in loop_remat.candidates(analysis.graph, pairs, env)}
+            for e in loop_remat.candidates(analysis.graph, pairs, env)
+            if isinstance(e, loop_remat.LoopEviction)}
 
   def rounds(analysis):
     return [(r.order, [(n.name, n.inputs, n.outputs) for n in r.program.nodes])

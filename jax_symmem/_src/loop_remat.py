@@ -27,6 +27,12 @@ forwards one unchanged in that branch (AD saves a layer's input that way).
 Evicting all but those is per-layer checkpointing of the gated layer. The rewritten
 branches copy the traced branches' equations (`tracing.splice_jaxpr`), not re-trace them.
 
+Each residual is offered alone and as the lead of a `ResidualGroup`: it and the other
+residuals its replay recomputes anyway, at the lead's FLOPs and all their bytes. Priced
+one at a time, every residual but the first is free once the first is evicted, yet the
+first must also pay for stacking the carry, so what is cheap to regenerate but
+carry-sized (a normalized input) was never offered first.
+
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
 """
@@ -106,6 +112,30 @@ class LoopEviction:
     kind = "cond" if info.primitive == "cond" else "scan"   # the node that outputs it
     return (f"evict {kind} residual {info.shape_str()} from {where}: regenerated in the "
             f"backward {kind}; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
+
+
+@dataclasses.dataclass(frozen=True)
+class ResidualGroup:
+  """A residual of one pair and the others its regeneration recomputes anyway (a layer's
+  attention probabilities: its normalized input, queries, keys...), evicted together.
+
+  Priced one at a time, each must pay for what its regeneration starts from: the first
+  eviction of a scan pair stacks the layer's carry, so a carry-sized residual alone saves
+  nothing, and a layer norm's output is not offered until a costly eviction has paid for
+  the carry; after it, the residuals its replay computes come free. Together, the lead's
+  cost buys every member's bytes. Ranked as one candidate (as `remat.RegionGroup`),
+  applied as its members (`regions`, the lead first)."""
+  regions: tuple[LoopEviction, ...]
+  saved: Poly
+  cost: Poly
+
+  def describe(self, graph: ShapeGraph, **dims: int) -> str:
+    at = at_dims(graph, self.saved, self.cost, dims)
+    lead = self.regions[0]
+    kind = "cond" if graph.values[lead.value].primitive == "cond" else "scan"
+    return (f"evict {kind} residual {graph.values[lead.value].shape_str()} from "
+            f"{source_label(lead.source, kind)} with the {len(self.regions) - 1} residuals its "
+            f"regeneration recomputes anyway: saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
 
 # --- finding pairs ---------------------------------------------------------------------
@@ -225,22 +255,45 @@ def _carry_identity(state: LoopState) -> dict[int, int]:
 
 @dataclasses.dataclass(frozen=True)
 class _Replay:
-  """What regenerating `evicted` replays of the forward body: one backward walk."""
+  """What regenerating `evicted` replays of the forward body."""
   nodes: frozenset[int]      # body node indices
   inputs: frozenset[int]     # body input positions read
   carries: frozenset[int]    # carry positions among them
   stacked: Mapping[int, int]  # carry position -> forward output still stacking it unchanged
 
 
-def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
+@dataclasses.dataclass(frozen=True)
+class _ScanParts:
+  """What replaying each output of a forward scan's body alone needs. Both walks are
+  reachability, so a set's replay is the union of its members' (as `_CondParts`)."""
+  nodes: tuple[frozenset[int], ...]    # per output: body node indices
+  inputs: tuple[frozenset[int], ...]   # per output: body input positions
+  #                                      `tracing.eval_jaxpr` reads (an inlined call's
+  #                                      unused operands included): the rewrite passes them
+  identities: Mapping[int, int]        # `_carry_identity`
+
+
+# The traced forward scan (a node, by identity) -> its parts, while it exists (as _COND_PARTS).
+_SCAN_PARTS: "weakref.WeakKeyDictionary[Node, _ScanParts]" = weakref.WeakKeyDictionary()
+
+
+def _scan_parts(state: LoopState) -> _ScanParts:
   f = state.forward
+  if f not in _SCAN_PARTS:
+    body, jaxpr, outputs = _body(f), f.params["jaxpr"].jaxpr, range(len(f.outputs))
+    _SCAN_PARTS[f] = _ScanParts(tuple(_needs(body, [j])[0] for j in outputs),
+                                tuple(tracing.read_inputs(jaxpr, [j]) for j in outputs),
+                                _carry_identity(state))
+  return _SCAN_PARTS[f]
+
+
+def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
+  f, parts = state.forward, _scan_parts(state)
   nc, ncarry = f.params["num_consts"], f.params["num_carry"]
-  nodes, _ = _needs(_body(f), sorted(evicted))
-  # What the replay reads as `tracing.eval_jaxpr` runs it (an inlined call's unused
-  # operands included): the rewrite passes each of these.
-  inputs = tracing.read_inputs(f.params["jaxpr"].jaxpr, sorted(evicted))
+  nodes = frozenset().union(*(parts.nodes[j] for j in evicted))
+  inputs = frozenset().union(*(parts.inputs[j] for j in evicted))
   carries = frozenset(k - nc for k in inputs if nc <= k < nc + ncarry)
-  stacked = {c: j for c, j in _carry_identity(state).items() if j not in evicted}
+  stacked = {c: j for c, j in parts.identities.items() if j not in evicted}
   return _Replay(nodes, inputs, carries, stacked)
 
 
@@ -252,12 +305,6 @@ def _flops(graph: ShapeGraph, node: Node) -> Poly:
   return cache[node]
 
 
-def _cost(graph: ShapeGraph, state: LoopState, replay: _Replay) -> Poly:
-  body = _body(state.forward)
-  per_iteration = sum((_flops(graph, body.nodes[i]) for i in sorted(replay.nodes)), ZERO)
-  return scan_length(state.forward) * per_iteration
-
-
 def _replayable(state: LoopState, replay: _Replay) -> bool:
   body = _body(state.forward)
   return all(not body.nodes[i].effects and body.nodes[i].name not in NOT_REPLAYABLE
@@ -266,36 +313,75 @@ def _replayable(state: LoopState, replay: _Replay) -> bool:
 
 def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[str, int],
                live: Callable[[LoopState, int], bool] = lambda state, v: False
-               ) -> list[LoopEviction]:
+               ) -> list[LoopEviction | ResidualGroup]:
   """One eviction per residual still stacked (or output by a forward cond), with its
-  marginal cost and saving. `live(state, v)`: whether value v is live at the pair's
-  backward node anyway (a cond's regeneration passes it forward operands)."""
+  marginal cost and saving, and each as the lead of a `ResidualGroup` (`_offers`).
+  `live(state, v)`: whether value v is live at the pair's backward node anyway (a cond's
+  regeneration passes it forward operands)."""
   out = []
   for fi, state in pairs.items():
     if state.forward.name == "cond":
       out += _cond_candidates(graph, fi, state, env, live)
+    else:
+      out += _scan_candidates(graph, fi, state, env)
+  return out
+
+
+def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup]:
+  f, body, parts = state.forward, _body(state.forward), _scan_parts(state)
+  base = _replay(state, state.evicted)
+
+  def saving(js) -> Poly:
+    """Bytes no longer stacked evicting `js` too, less the carries stacked for them. A
+    carry's bytes are the body's carry input's (the scan's operand may be a literal,
+    e.g. a fori_loop's counter starting at 0)."""
+    replay = _replay(state, state.evicted | set(js))
+    extra = total(graph.bytes(body.inputs[f.params["num_consts"] + c])
+                  for c in replay.carries - base.carries if c not in replay.stacked)
+    return total(graph.bytes(f.outputs[j]) for j in js) - scan_length(f) * extra
+
+  def new_flops(js) -> Poly:   # per iteration, beyond what the evictions so far replay
+    added = frozenset().union(*(parts.nodes[j] for j in js)) - base.nodes
+    return total(_flops(graph, body.nodes[i]) for i in sorted(added))
+
+  identities = set(parts.identities.values())
+  js = [j for j in sorted(state.links) if j not in state.evicted and j not in identities
+        and _replayable(state, _replay(state, frozenset({j})))]   # a stacked carry is
+  #                                                 what regenerations start from
+  fresh = {j: parts.nodes[j] - base.nodes for j in js}
+  return _offers(fi, f, js, fresh, lambda i: _flops(graph, body.nodes[i]) != ZERO,
+                 saving, lambda js: scan_length(f) * new_flops(js), env, _source_of)
+
+
+def _offers(fi, f, js, fresh, has_flops, saving, cost, env, source_of
+            ) -> list[LoopEviction | ResidualGroup]:
+  """Each residual `js` of forward node `f` alone, where it saves bytes, and as the lead
+  of a `ResidualGroup` with the others its regeneration recomputes anyway (one group per
+  distinct set). `fresh[j]`: the nodes j's replay adds to the evictions so far (node keys
+  `has_flops` knows); `saving(js)`: the bytes evicting `js` saves, less what it pays for (a
+  carry to stack, a forward operand to keep); `cost(js)`: their regeneration's FLOPs,
+  beyond the evictions so far. A member is credited its marginal saving and cost, in
+  order, so the members' figures add up to the group's."""
+  alone = {j: cost([j]) for j in js}
+  # k rides on j where every node of k's replay that has FLOPs is in j's (FLOPs are
+  # never negative: then cost([j, k]) == cost([j])).
+  costly = {j: frozenset(filter(has_flops, fresh[j])) for j in js}
+  out, seen = [], set()
+  for j in js:
+    saved = saving([j])
+    if saved.evaluate(env) > 0:
+      out.append(LoopEviction(fi, j, f.outputs[j], saved, alone[j], source_of(f, j)))
+    members = (j, *(k for k in js if k != j and costly[k] <= fresh[j]))
+    if len(members) < 2 or frozenset(members) in seen:
       continue
-    f = state.forward
-    identities = set(_carry_identity(state).values())
-    base = _replay(state, state.evicted) if state.evicted else None
-    base_cost = _cost(graph, state, base) if base else ZERO
-    base_carries = base.carries if base else frozenset()
-    for j in sorted(state.links):
-      if j in state.evicted or j in identities:
-        continue   # a stacked carry is what regenerations start from
-      replay = _replay(state, state.evicted | {j})
-      if not _replayable(state, replay):
-        continue
-      # A carry stacked for the regeneration: its bytes are the body's carry input's
-      # (the scan's operand may be a literal, e.g. a fori_loop's counter starting at 0).
-      body = _body(f)
-      extra = sum((graph.bytes(body.inputs[f.params["num_consts"] + c])
-                   for c in replay.carries - base_carries if c not in replay.stacked), ZERO)
-      saved = graph.bytes(f.outputs[j]) - scan_length(f) * extra
-      if saved.evaluate(env) <= 0:
-        continue
-      out.append(LoopEviction(fi, j, f.outputs[j], saved,
-                              _cost(graph, state, replay) - base_cost, _source_of(f, j)))
+    seen.add(frozenset(members))
+    savings = [saving(members[:n]) for n in range(1, len(members) + 1)]
+    if savings[-1].evaluate(env) <= 0:
+      continue
+    marginal = [savings[0]] + [b - a for a, b in zip(savings, savings[1:])]
+    out.append(ResidualGroup(tuple(
+        LoopEviction(fi, k, f.outputs[k], m, alone[j] if k == j else ZERO, source_of(f, k))
+        for k, m in zip(members, marginal)), savings[-1], alone[j]))
   return out
 
 
@@ -373,32 +459,35 @@ def _cond_replay(state: LoopState, evicted: frozenset[int]) -> _CondReplay:
   return _CondReplay(tuple(nodes), tuple(sources), frozenset(passed))
 
 
-def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction]:
+def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction | ResidualGroup]:
   f = state.forward
   parts = _cond_parts(state)
   if not all(parts.replayable[j] for j in state.evicted):
     return []
   base = _cond_replay(state, state.evicted)
-  out = []
-  for j in sorted(state.links):
-    if j in state.evicted or not parts.replayable[j]:
-      continue
-    replay = _cond_replay(state, state.evicted | {j})
-    # Forward operands the backward now receives are kept alive until it runs.
-    extra = ZERO
-    for k in sorted(replay.passed - base.passed):
-      v = state.forward_operands[1 + k]
-      if not isinstance(v, Const) and not live(state, v):
-        extra = extra + graph.bytes(v)
-    saved = graph.bytes(f.outputs[j]) - extra
-    if saved.evaluate(env) <= 0:
-      continue
+
+  def saving(js) -> Poly:
+    """Bytes no longer output evicting `js` too, less the forward operands the backward
+    now receives (kept alive until it runs)."""
+    replay = _cond_replay(state, state.evicted | set(js))
+    extra = total(graph.bytes(v) for v in (state.forward_operands[1 + k]
+                                           for k in sorted(replay.passed - base.passed))
+                  if not isinstance(v, Const) and not live(state, v))
+    return total(graph.bytes(f.outputs[j]) for j in js) - extra
+
+  def cost(js) -> Poly:
     # Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond),
     # beyond what the evictions so far replay already.
-    cost = total(_flops(graph, branch.nodes[i]) for branch, now, before
-                 in zip(f.subprograms, replay.nodes, base.nodes) for i in now - before)
-    out.append(LoopEviction(fi, j, f.outputs[j], saved, cost, _cond_source(f, j)))
-  return out
+    return total(_flops(graph, branch.nodes[i]) for b, (branch, before)
+                 in enumerate(zip(f.subprograms, base.nodes))
+                 for i in frozenset().union(*(parts.nodes[b][j] for j in js)) - before)
+
+  js = [j for j in sorted(state.links) if j not in state.evicted and parts.replayable[j]]
+  fresh = {j: frozenset((b, i) for b, before in enumerate(base.nodes)
+                        for i in parts.nodes[b][j] - before) for j in js}
+  return _offers(fi, f, js, fresh,
+                 lambda key: _flops(graph, f.subprograms[key[0]].nodes[key[1]]) != ZERO,
+                 saving, cost, env, _cond_source)
 
 
 def _cond_source(cond: Node, j: int) -> str:

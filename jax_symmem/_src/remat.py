@@ -107,6 +107,9 @@ class RegionGroup:
             f"saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
 
+# Candidates whose members (`.regions`) are chosen together or not at all.
+GROUPS = (RegionGroup, loop_remat.ResidualGroup)
+
 # Whether the rounds offer a layer's residuals as one `RegionGroup` in place of each alone.
 # Alone, each regenerated for its own consumer, the unrolled decoders' rounds were dominated
 # by per-layer checkpointing (experiments/round_cost.py: GPT-2's first round within 1.25 x its
@@ -347,13 +350,16 @@ def _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops, env, min_b
   and read by nothing but their backward scan (cond)."""
   def live(state, v):   # at the backward node anyway: an argument, or read there or later
     return v in inputs or last_use[v] >= pos[state.backward.index]
-  out = []
-  for e in loop_remat.candidates(graph, loops, env, live):
+  def spans_peak(e):   # and read by nothing but its backward
     state = loops[e.forward]
     f, b = pos[state.forward.index], pos[state.backward.index]
-    if not f <= peak_pos <= b or np.any(read_pos[read_val == e.value] != b):
-      continue
-    if graph.bytes(e.value).evaluate(env) >= min_bytes:
+    return f <= peak_pos <= b and not np.any(read_pos[read_val == e.value] != b)
+  out = []
+  for e in loop_remat.candidates(graph, loops, env, live):
+    if isinstance(e, loop_remat.ResidualGroup):
+      if all(map(spans_peak, e.regions)) and e.saved.evaluate(env) >= min_bytes:
+        out.append(e)
+    elif spans_peak(e) and graph.bytes(e.value).evaluate(env) >= min_bytes:
       out.append(e)
   return out
 
@@ -374,9 +380,9 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer
                layer_groups=layer_groups)
   trips = scan_length(node)
   def in_body(r):
-    if isinstance(r, RegionGroup):   # a layer of the body: its members, ranked as one
+    if isinstance(r, GROUPS):   # members ranked as one
       members = tuple(body_remat.BodyEviction(index, x, trips) for x in r.regions)
-      return RegionGroup(members, r.saved, r.cost * trips, r.layer)
+      return dataclasses.replace(r, regions=members, cost=r.cost * trips)
     return body_remat.BodyEviction(index, r, trips)
   return [in_body(r) for r in inner.regions], inner.counts
 
@@ -853,7 +859,7 @@ def plan_rounds(graph: ShapeGraph, order: Sequence[int], *,
       chosen: list[Region] = []
       saved, step = 0, best // max_rounds
       for r in p.regions:
-        items = r.regions if isinstance(r, RegionGroup) else (r,)
+        items = r.regions if isinstance(r, GROUPS) else (r,)
         if all(compatible(chosen + list(items[:j]), x) for j, x in enumerate(items)):
           chosen.extend(items)
           saved += r.saved.evaluate(env)
