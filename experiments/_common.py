@@ -186,6 +186,18 @@ def git_revision(checkout=None) -> str | None:
   return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
+def uncommitted(checkout=None) -> list[str]:
+  """Tracked files that differ from HEAD in `checkout` (default: the one the experiments run
+  from), as `git status` lists them: a result measured with these is not HEAD's."""
+  try:
+    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
+                         cwd=checkout or pathlib.Path(__file__).parent,
+                         capture_output=True, text=True, check=False)
+  except OSError:
+    return []
+  return [line[3:] for line in out.stdout.splitlines()] if out.returncode == 0 else []
+
+
 def run_python(code: str, args: list[str], env: Mapping[str, str] | None = None,
                cwd=None) -> dict:
   """Runs `python -c code *args` in a fresh process; its last line of output, as JSON.
@@ -203,6 +215,7 @@ def envelope(result: Mapping[str, Any]) -> dict:
   own = result.get("environment", {})   # a benchmark that printed its speed gauge passes it
   head = {"environment": {**environment(own.get("python_loop_us")), **own},
           "command": command(), "git_revision": git_revision(),
+          "uncommitted_changes": uncommitted(),
           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
   clash = (set(head) - {"environment"}) & set(result)
   if clash:
