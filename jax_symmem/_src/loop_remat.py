@@ -28,10 +28,12 @@ Evicting all but those is per-layer checkpointing of the gated layer. The rewrit
 branches copy the traced branches' equations (`tracing.splice_jaxpr`), not re-trace them.
 
 Each residual is offered alone and as the lead of a `ResidualGroup`: it and the other
-residuals its replay recomputes anyway, at the lead's FLOPs and all their bytes. Priced
-one at a time, every residual but the first is free once the first is evicted, yet the
-first must also pay for stacking the carry, so what is cheap to regenerate but
-carry-sized (a normalized input) was never offered first.
+residuals its replay recomputes anyway or derives from it by ops XLA fuses into their
+readers, at the FLOPs of them all and all their bytes. Priced one at a time, every
+residual but the first is free once the first is evicted, yet the first must also pay
+for stacking the carry, so what is cheap to regenerate but carry-sized (a normalized
+input) was never offered first; and a derivative factor (gelu'(h), 1/sigma) waited for a
+round of its own, a rung that recomputed a whole layer and still stacked those.
 
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
@@ -47,6 +49,7 @@ from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops, scan_length
 from jax_symmem._src import tracing
+from jax_symmem._src import xla_buffers
 from jax_symmem._src.poly import ZERO, Poly, total
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program, source_label
@@ -117,14 +120,15 @@ class LoopEviction:
 @dataclasses.dataclass(frozen=True)
 class ResidualGroup:
   """A residual of one pair and the others its regeneration recomputes anyway (a layer's
-  attention probabilities: its normalized input, queries, keys...), evicted together.
+  attention probabilities: its normalized input, queries, keys...) or derives from what it
+  recomputes by fused ops (the softmax's row sums), evicted together.
 
   Priced one at a time, each must pay for what its regeneration starts from: the first
   eviction of a scan pair stacks the layer's carry, so a carry-sized residual alone saves
   nothing, and a layer norm's output is not offered until a costly eviction has paid for
   the carry; after it, the residuals its replay computes come free. Together, the lead's
-  cost buys every member's bytes. Ranked as one candidate (as `remat.RegionGroup`),
-  applied as its members (`regions`, the lead first)."""
+  cost (and the fused ops') buys every member's bytes. Ranked as one candidate (as
+  `remat.RegionGroup`), applied as its members (`regions`, the lead first)."""
   regions: tuple[LoopEviction, ...]
   saved: Poly
   cost: Poly
@@ -350,39 +354,49 @@ def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup
   #                                                 what regenerations start from
   fresh = {j: parts.nodes[j] - base.nodes for j in js}
   return _offers(fi, f, js, fresh, lambda i: _flops(graph, body.nodes[i]) != ZERO,
-                 saving, lambda js: scan_length(f) * new_flops(js), env, _source_of)
+                 lambda i: body.nodes[i].name in xla_buffers.FUSIBLE, saving, lambda js: scan_length(f) * new_flops(js), env, _source_of)
 
 
-def _offers(fi, f, js, fresh, has_flops, saving, cost, env, source_of
+def _offers(fi, f, js, fresh, has_flops, fused, saving, cost, env, source_of
             ) -> list[LoopEviction | ResidualGroup]:
   """Each residual `js` of forward node `f` alone, where it saves bytes, and as the lead
-  of a `ResidualGroup` with the others its regeneration recomputes anyway (one group per
-  distinct set). `fresh[j]`: the nodes j's replay adds to the evictions so far (node keys
-  `has_flops` knows); `saving(js)`: the bytes evicting `js` saves, less what it pays for (a
+  of a `ResidualGroup` with the others its regeneration recomputes anyway or derives by
+  fused ops (one group per distinct set). `fresh[j]`: the nodes j's replay adds to the
+  evictions so far (node keys `has_flops` and `fused` know); `saving(js)`: the bytes evicting `js` saves, less what it pays for (a
   carry to stack, a forward operand to keep); `cost(js)`: their regeneration's FLOPs,
   beyond the evictions so far. A member is credited its marginal saving and cost, in
   order, so the members' figures add up to the group's."""
   alone = {j: cost([j]) for j in js}
-  # k rides on j where every node of k's replay that has FLOPs is in j's (FLOPs are
-  # never negative: then cost([j, k]) == cost([j])).
+  # k rides on j where every node of k's replay that has FLOPs is in j's, or is one XLA
+  # fuses into its reader (an elementwise op or a reduction: the derivative factors AD
+  # saves, gelu'(h), a norm's 1/sigma, from values j's replay computes), so it adds no
+  # buffer and no pass over memory to the backward body, where stacking k writes and
+  # reads it back.
   costly = {j: frozenset(filter(has_flops, fresh[j])) for j in js}
   out, seen = [], set()
   for j in js:
     saved = saving([j])
     if saved.evaluate(env) > 0:
       out.append(LoopEviction(fi, j, f.outputs[j], saved, alone[j], source_of(f, j)))
-    members = (j, *(k for k in js if k != j and costly[k] <= fresh[j]))
+    members = (j, *(k for k in js if k != j
+                    and all(fused(i) for i in costly[k] - fresh[j])))
     if len(members) < 2 or frozenset(members) in seen:
       continue
     seen.add(frozenset(members))
-    savings = [saving(members[:n]) for n in range(1, len(members) + 1)]
+    steps = range(1, len(members) + 1)
+    savings, costs = [saving(members[:n]) for n in steps], [cost(members[:n]) for n in steps]
     if savings[-1].evaluate(env) <= 0:
       continue
-    marginal = [savings[0]] + [b - a for a, b in zip(savings, savings[1:])]
     out.append(ResidualGroup(tuple(
-        LoopEviction(fi, k, f.outputs[k], m, alone[j] if k == j else ZERO, source_of(f, k))
-        for k, m in zip(members, marginal)), savings[-1], alone[j]))
+        LoopEviction(fi, k, f.outputs[k], s, c, source_of(f, k))
+        for k, s, c in zip(members, _differences(savings), _differences(costs))),
+        savings[-1], costs[-1]))
   return out
+
+
+def _differences(running: Sequence[Poly]) -> list[Poly]:
+  """Each step's increment of a running total."""
+  return [running[0]] + [b - a for a, b in zip(running, running[1:])]
 
 
 # --- cond pairs ---------------------------------------------------------------------------
@@ -485,9 +499,10 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction | Residua
   js = [j for j in sorted(state.links) if j not in state.evicted and parts.replayable[j]]
   fresh = {j: frozenset((b, i) for b, before in enumerate(base.nodes)
                         for i in parts.nodes[b][j] - before) for j in js}
-  return _offers(fi, f, js, fresh,
-                 lambda key: _flops(graph, f.subprograms[key[0]].nodes[key[1]]) != ZERO,
-                 saving, cost, env, _cond_source)
+  node = lambda key: f.subprograms[key[0]].nodes[key[1]]
+  return _offers(fi, f, js, fresh, lambda key: _flops(graph, node(key)) != ZERO,
+                 lambda key: node(key).name in xla_buffers.FUSIBLE, saving, cost, env,
+                 _cond_source)
 
 
 def _cond_source(cond: Node, j: int) -> str:
