@@ -20,6 +20,9 @@ SHAPES = (None, "b, s", "b, s")
 CONSTRAINTS = llama.step_constraints(64, 4)
 
 
+# Four compiles (symmem.jit and jax.jit at two shapes), the fast tier's slowest test on a
+# slow host: slow tier. The fast tier runs the Equinox step under a budget below.
+@pytest.mark.slow
 def test_equinox_scanned_step_without_a_budget_is_jax_jit_at_each_shape():
   # Without a budget symmem.jit compiles per shape what jax.jit compiles: bitwise equal.
   fn = gpt_equinox.train_step_fn(CFG)
