@@ -139,7 +139,8 @@ class ResidualGroup:
     kind = "cond" if graph.values[lead.value].primitive == "cond" else "scan"
     return (f"evict {kind} residual {graph.values[lead.value].shape_str()} from "
             f"{source_label(lead.source, kind)} with the {len(self.regions) - 1} residuals its "
-            f"regeneration recomputes anyway: saves {self.saved} B, recompute {self.cost} FLOPs" + at)
+            f"regeneration recomputes anyway: saves {self.saved} B, recompute {self.cost} "
+            "FLOPs" + at)
 
 
 # --- finding pairs ---------------------------------------------------------------------
@@ -344,42 +345,43 @@ def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup
                   for c in replay.carries - base.carries if c not in replay.stacked)
     return total(graph.bytes(f.outputs[j]) for j in js) - scan_length(f) * extra
 
-  def new_flops(js) -> Poly:   # per iteration, beyond what the evictions so far replay
-    added = frozenset().union(*(parts.nodes[j] for j in js)) - base.nodes
-    return total(_flops(graph, body.nodes[i]) for i in sorted(added))
-
   identities = set(parts.identities.values())
   js = [j for j in sorted(state.links) if j not in state.evicted and j not in identities
         and _replayable(state, _replay(state, frozenset({j})))]   # a stacked carry is
   #                                                 what regenerations start from
   fresh = {j: parts.nodes[j] - base.nodes for j in js}
-  return _offers(fi, f, js, fresh, lambda i: _flops(graph, body.nodes[i]) != ZERO,
-                 lambda i: body.nodes[i].name in xla_buffers.FUSIBLE, saving, lambda js: scan_length(f) * new_flops(js), env, _source_of)
+  return _offers(fi, f, js, fresh, lambda i: body.nodes[i], scan_length(f), graph, saving,
+                 env, _source_of)
 
 
-def _offers(fi, f, js, fresh, has_flops, fused, saving, cost, env, source_of
+def _offers(fi, f, js, fresh, node, trips, graph, saving, env, source_of
             ) -> list[LoopEviction | ResidualGroup]:
   """Each residual `js` of forward node `f` alone, where it saves bytes, and as the lead
   of a `ResidualGroup` with the others its regeneration recomputes anyway or derives by
-  fused ops (one group per distinct set). `fresh[j]`: the nodes j's replay adds to the
-  evictions so far (node keys `has_flops` and `fused` know); `saving(js)`: the bytes evicting `js` saves, less what it pays for (a
-  carry to stack, a forward operand to keep); `cost(js)`: their regeneration's FLOPs,
-  beyond the evictions so far. A member is credited its marginal saving and cost, in
+  fused ops (one group per distinct set). `fresh[j]`: the keys of the nodes j's replay
+  adds to the evictions so far (`node(key)`: the body node), each run `trips` times;
+  `saving(js)`: the bytes evicting `js` saves, less what it pays for (a carry to stack, a
+  forward operand to keep). A member is credited its marginal saving and cost, in
   order, so the members' figures add up to the group's."""
+  def cost(members) -> Poly:   # their regeneration's FLOPs, beyond the evictions so far
+    added = frozenset().union(*(fresh[j] for j in members))
+    return trips * total(_flops(graph, node(key)) for key in sorted(added))
+
   alone = {j: cost([j]) for j in js}
   # k rides on j where every node of k's replay that has FLOPs is in j's, or is one XLA
   # fuses into its reader (an elementwise op or a reduction: the derivative factors AD
   # saves, gelu'(h), a norm's 1/sigma, from values j's replay computes), so it adds no
   # buffer and no pass over memory to the backward body, where stacking k writes and
   # reads it back.
-  costly = {j: frozenset(filter(has_flops, fresh[j])) for j in js}
+  costly = {j: frozenset(key for key in fresh[j] if _flops(graph, node(key)) != ZERO)
+            for j in js}
   out, seen = [], set()
   for j in js:
     saved = saving([j])
     if saved.evaluate(env) > 0:
       out.append(LoopEviction(fi, j, f.outputs[j], saved, alone[j], source_of(f, j)))
-    members = (j, *(k for k in js if k != j
-                    and all(fused(i) for i in costly[k] - fresh[j])))
+    members = (j, *(k for k in js if k != j and all(
+        node(key).name in xla_buffers.FUSIBLE for key in costly[k] - fresh[j])))
     if len(members) < 2 or frozenset(members) in seen:
       continue
     seen.add(frozenset(members))
@@ -489,20 +491,13 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction | Residua
                   if not isinstance(v, Const) and not live(state, v))
     return total(graph.bytes(f.outputs[j]) for j in js) - extra
 
-  def cost(js) -> Poly:
-    # Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond),
-    # beyond what the evictions so far replay already.
-    return total(_flops(graph, branch.nodes[i]) for b, (branch, before)
-                 in enumerate(zip(f.subprograms, base.nodes))
-                 for i in frozenset().union(*(parts.nodes[b][j] for j in js)) - before)
-
   js = [j for j in sorted(state.links) if j not in state.evicted and parts.replayable[j]]
+  # Every branch's replay (one of them runs: an upper bound, as `flops` counts a cond),
+  # beyond what the evictions so far replay already.
   fresh = {j: frozenset((b, i) for b, before in enumerate(base.nodes)
                         for i in parts.nodes[b][j] - before) for j in js}
-  node = lambda key: f.subprograms[key[0]].nodes[key[1]]
-  return _offers(fi, f, js, fresh, lambda key: _flops(graph, node(key)) != ZERO,
-                 lambda key: node(key).name in xla_buffers.FUSIBLE, saving, cost, env,
-                 _cond_source)
+  return _offers(fi, f, js, fresh, lambda key: f.subprograms[key[0]].nodes[key[1]], 1, graph,
+                 saving, env, _cond_source)
 
 
 def _cond_source(cond: Node, j: int) -> str:
