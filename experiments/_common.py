@@ -176,26 +176,27 @@ def command() -> str:
   return shlex.join(head + sys.argv[1:])
 
 
-def git_revision(checkout=None) -> str | None:
-  """HEAD of `checkout` (default: the one the experiments run from); None outside git."""
+def _git(*args: str, checkout=None) -> str | None:
+  """`git args...`'s output in `checkout` (default: the one the experiments run from);
+  None outside git."""
   try:
-    out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout or pathlib.Path(__file__).parent,
+    out = subprocess.run(["git", *args], cwd=checkout or pathlib.Path(__file__).parent,
                          capture_output=True, text=True, check=False)
   except OSError:
     return None
-  return (out.stdout.strip() or None) if out.returncode == 0 else None
+  return out.stdout if out.returncode == 0 else None
+
+
+def git_revision(checkout=None) -> str | None:
+  """HEAD of `checkout` (default: the one the experiments run from); None outside git."""
+  return (_git("rev-parse", "HEAD", checkout=checkout) or "").strip() or None
 
 
 def uncommitted(checkout=None) -> list[str]:
   """Tracked files that differ from HEAD in `checkout` (default: the one the experiments run
   from), as `git status` lists them: a result measured with these is not HEAD's."""
-  try:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"],
-                         cwd=checkout or pathlib.Path(__file__).parent,
-                         capture_output=True, text=True, check=False)
-  except OSError:
-    return []
-  return [line[3:] for line in out.stdout.splitlines()] if out.returncode == 0 else []
+  out = _git("status", "--porcelain", "--untracked-files=no", checkout=checkout) or ""
+  return [line[3:] for line in out.splitlines()]
 
 
 def run_python(code: str, args: list[str], env: Mapping[str, str] | None = None,
