@@ -20,8 +20,10 @@ import os
 import pathlib
 import platform
 import shlex
+import statistics
 import subprocess
 import sys
+import time
 from typing import Any, Callable, Mapping
 
 MiB = 2**20
@@ -98,6 +100,27 @@ def settle(step, args) -> dict:
       break
     jax.block_until_ready(step(*args))
   return first
+
+
+def time_interleaved(fns: Mapping[str, Callable], args, passes: int) -> tuple[dict, dict]:
+  """(median, min) seconds per step over `passes` interleaved passes, each step first
+  warmed (compiled; a symmem.jit step `settle`d: its refinements done). The minimum is
+  the figure least disturbed by other processes on a shared machine (noise only adds)."""
+  import jax
+  for fn in fns.values():
+    if hasattr(fn, "cache_info"):
+      settle(fn, args)
+    else:
+      jax.block_until_ready(fn(*args))
+      jax.block_until_ready(fn(*args))
+  times = {k: [] for k in fns}
+  for _ in range(passes):
+    for k, fn in fns.items():
+      t = time.perf_counter()
+      jax.block_until_ready(fn(*args))
+      times[k].append(time.perf_counter() - t)
+  return ({k: statistics.median(v) for k, v in times.items()},
+          {k: min(v) for k, v in times.items()})
 
 
 # --- budgets ------------------------------------------------------------------------------------

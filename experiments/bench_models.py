@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import tempfile
 import time
 from typing import Callable
@@ -292,25 +291,6 @@ def _real(workload, variant, length, budget=0) -> dict:
 # --- the run --------------------------------------------------------------------------------
 
 
-def _time(fns: dict, args, passes: int) -> tuple[dict, dict]:
-  """(median, min) seconds per variant over interleaved passes. The minimum is the
-  figure least disturbed by other processes on a shared machine (noise only adds)."""
-  for fn in fns.values():   # warm: compiled, and symmem.jit's refinements done
-    if hasattr(fn, "cache_info"):
-      _common.settle(fn, args)
-    else:
-      jax.block_until_ready(fn(*args))
-      jax.block_until_ready(fn(*args))
-  times = {k: [] for k in fns}
-  for _ in range(passes):
-    for k, fn in fns.items():
-      t = time.perf_counter()
-      jax.block_until_ready(fn(*args))
-      times[k].append(time.perf_counter() - t)
-  return ({k: statistics.median(v) for k, v in times.items()},
-          {k: min(v) for k, v in times.items()})
-
-
 def run_workload(w: Workload, passes: int) -> dict:
   cpu = _platform() == "cpu"
   t0 = time.perf_counter()
@@ -370,7 +350,7 @@ def run_workload(w: Workload, passes: int) -> dict:
           compiler_options={**FENCE, **NO_XNNPACK})
     if jit_real["real"] <= budget:
       fns["jit"] = ref
-    times, fastest = _time(fns, args, passes)
+    times, fastest = _common.time_interleaved(fns, args, passes)
     timed = dict(step.last_call)   # the round this process ran (its live arrays count)
     # Numerics against jax.jit compiled with the XLA options of the variant that ran: the
     # memory-saving options change reduction order, and AdamW amplifies that on tiny

@@ -12,6 +12,9 @@ a small random config, no download) with AdamW and a masked token loss:
         the real tokens
   mistral  FlaxMistralForCausalLMModule: grouped-query attention, rotary positions, a
         sliding window of 128 (below the longer lengths), padded rows
+  t5_checkpointed, bert_checkpointed  the same T5 and BERT with the library's own
+        `gradient_checkpointing=True` (each layer under its `nn.remat`, as a user turns it
+        on against running out of memory)
 
 For each, at three shapes up to the longest: `symmem.jit` without a budget against
 `jax.jit` (they compile alike, so the updated state must be equal), then under budgets
@@ -19,9 +22,13 @@ a fraction of the way from the plan's last round to round 0 (modeled peaks at th
 shape): the round each shape runs once its refinements are done, XLA's footprint of that
 variant, the compiles, and the updated state against `jax.jit` compiled with the
 variant's XLA options (rtol 1e-5, atol 1e-6; otherwise the largest difference, beside
-the spread between `jax.jit` with those options and with its defaults, for scale).
+the spread between `jax.jit` with those options and with its defaults, for scale). For
+the checkpointed models also the step time against the same step under `jax.jit`, which
+recomputes every layer at every shape (median and fastest of `--passes` interleaved
+passes): where memory allows, the plan runs the step without that recomputation.
 
-  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral] [--fractions 0.1,0.3,0.6]
+  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_checkpointed,bert_checkpointed]
+      [--fractions 0.1,0.3,0.6] [--passes 5]
 
 Writes experiments/results/third_party.json.
 """
@@ -29,6 +36,7 @@ Writes experiments/results/third_party.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 import types
 
@@ -53,7 +61,7 @@ def _numpy_with_old_clip():
   return compat
 
 
-def _t5():
+def _t5(gradient_checkpointing: bool = False):
   from transformers import T5Config
   from transformers.models.t5 import modeling_flax_t5
   modeling_flax_t5.jnp = _numpy_with_old_clip()
@@ -61,7 +69,8 @@ def _t5():
                  num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=32,
                  relative_attention_max_distance=128, dropout_rate=0.0,
                  decoder_start_token_id=0, pad_token_id=0)
-  module = modeling_flax_t5.FlaxT5ForConditionalGenerationModule(cfg, dtype=jnp.float32)
+  module = modeling_flax_t5.FlaxT5ForConditionalGenerationModule(
+      cfg, dtype=jnp.float32, gradient_checkpointing=gradient_checkpointing)
 
   def init(key):
     t = jnp.zeros((1, 4), jnp.int32)
@@ -148,13 +157,14 @@ def _bart():
               constraints=("s >= 2", "s <= 512", "t >= 2", "t <= 256", "b <= 4"))
 
 
-def _bert():
+def _bert(gradient_checkpointing: bool = False):
   from transformers import BertConfig
   from transformers.models.bert.modeling_flax_bert import FlaxBertForMaskedLMModule
   cfg = BertConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
                    intermediate_size=256, max_position_embeddings=512, type_vocab_size=2,
                    hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-  module = FlaxBertForMaskedLMModule(cfg, dtype=jnp.float32)
+  module = FlaxBertForMaskedLMModule(cfg, dtype=jnp.float32,
+                                     gradient_checkpointing=gradient_checkpointing)
   mask_token = 3
 
   def init(key):
@@ -202,7 +212,11 @@ def _padding_mask(b, s):
   return jnp.asarray(mask)
 
 
-MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mistral}
+MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mistral,
+          "t5_checkpointed": functools.partial(_t5, gradient_checkpointing=True),
+          "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True)}
+# Models whose step holds the library's own remat regions: timed against jax.jit.
+CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed"))
 LENGTHS = (64, 256, 512)
 BATCH = 4
 
@@ -212,7 +226,7 @@ def _largest_difference(a, b) -> float:
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
-def run_model(name: str, fractions) -> dict:
+def run_model(name: str, fractions, passes: int) -> dict:
   m = MODELS[name]()
   params = m["init"](jax.random.PRNGKey(0))
   state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
@@ -268,6 +282,12 @@ def run_model(name: str, fractions) -> dict:
         row["largest_difference"] = _largest_difference(got, want)
         row["jax_jit_options_vs_defaults"] = _largest_difference(want, ref(*args))
       del got, want   # not live at the next shape's calls
+      if name in CHECKPOINTED and passes:
+        median, fastest = _common.time_interleaved({"symmem": step, "jax_jit": ref}, args, passes)
+        row["time_s"], row["time_min_s"] = median, fastest
+        row["time_vs_jax_jit"] = median["symmem"] / median["jax_jit"]
+        row["time_vs_jax_jit_min"] = fastest["symmem"] / fastest["jax_jit"]
+        row["timed_round"] = step.last_call["round"]
       rows.append(row)
       print(f"{name} budget {budget / MiB:.1f} MiB {row['dims']}: round {row['round']}, XLA "
             f"{row['xla_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), equal to jax.jit: "
@@ -275,6 +295,9 @@ def run_model(name: str, fractions) -> dict:
             + (f" (largest difference {row['largest_difference']:.1e}; jax.jit with these options "
                f"vs its defaults {row['jax_jit_options_vs_defaults']:.1e})"
                if not row["equal_to_jax_jit"] else "")
+            + (f"; time vs jax.jit (which recomputes) {row['time_vs_jax_jit']:.2f} (fastest "
+               f"passes {row['time_vs_jax_jit_min']:.2f}), round {row['timed_round']}"
+               if "time_vs_jax_jit" in row else "")
             + f"; {row['cache_info']}", flush=True)
     out["budgets"].append({"fraction": frac, "budget_mib": budget / MiB, "rows": rows})
   return out
@@ -285,13 +308,15 @@ def main(argv=None) -> int:
   parser.add_argument("--models", default=",".join(MODELS))
   parser.add_argument("--fractions", default="0.1,0.3,0.6",
                       help="budgets: this far from the last round's modeled peak to round 0's")
+  parser.add_argument("--passes", type=int, default=5,
+                      help="interleaved timing passes per shape for the checkpointed models (0: none)")
   parser.add_argument("--out", default="experiments/results/third_party.json")
   args = parser.parse_args(argv)
   fractions = [float(f) for f in args.fractions.split(",")]
   results = {"transformers": _common.package_version("transformers"), "batch": BATCH,
              "lengths": LENGTHS, "results": []}
   for name in args.models.split(","):
-    results["results"].append(run_model(name, fractions))
+    results["results"].append(run_model(name, fractions, args.passes))
     _common.write_results(args.out, results)
   print(f"wrote {args.out}")
   return 0
