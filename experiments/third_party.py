@@ -28,7 +28,7 @@ recomputes every layer at every shape (median and fastest of `--passes` interlea
 passes): where memory allows, the plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_checkpointed,bert_checkpointed]
-      [--fractions 0.1,0.3,0.6] [--passes 5]
+      [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
 """
@@ -226,7 +226,7 @@ def _largest_difference(a, b) -> float:
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
-def run_model(name: str, fractions, passes: int) -> dict:
+def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> dict:
   m = MODELS[name]()
   params = m["init"](jax.random.PRNGKey(0))
   state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
@@ -256,7 +256,7 @@ def run_model(name: str, fractions, passes: int) -> dict:
   for frac in fractions:
     budget = _common.budget_between(min(peaks), peaks[0], frac)
     step = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"],
-                      memory_budget=budget)
+                      memory_budget=budget, speed_trials=speed_trials)
     rows = []
     for s in LENGTHS:
       args = (state, *batches[s])
@@ -310,13 +310,18 @@ def main(argv=None) -> int:
                       help="budgets: this far from the last round's modeled peak to round 0's")
   parser.add_argument("--passes", type=int, default=5,
                       help="interleaved timing passes per shape for the checkpointed models (0: none)")
+  _common.add_bool_flag(parser, "speed_trials", False,
+                        "symmem.jit(speed_trials=True): a shape that comes back also times the "
+                        "last round (for a checkpointed model the step as written) and keeps "
+                        "the faster")
   parser.add_argument("--out", default="experiments/results/third_party.json")
   args = parser.parse_args(argv)
   fractions = [float(f) for f in args.fractions.split(",")]
   results = {"transformers": _common.package_version("transformers"), "batch": BATCH,
+             "speed_trials": args.speed_trials,
              "lengths": LENGTHS, "results": []}
   for name in args.models.split(","):
-    results["results"].append(run_model(name, fractions, args.passes))
+    results["results"].append(run_model(name, fractions, args.passes, args.speed_trials))
     _common.write_results(args.out, results)
   print(f"wrote {args.out}")
   return 0
