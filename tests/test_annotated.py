@@ -8,6 +8,8 @@ import chex
 import jax
 import jax.numpy as jnp
 import pytest
+from flax import linen as nn
+from flax.linen import partitioning as nn_partitioning
 
 import jax_symmem as symmem
 from jax_symmem._src import interpret
@@ -162,3 +164,94 @@ def test_the_step_as_written_keeps_its_recomputation_in_xla():
   as_written = footprint(jax.jit(variants.round_function(analysis, k, dims)).lower(*flat))
   unannotated = footprint(jax.jit(variants.round_function(analysis, 0, dims)).lower(*flat))
   assert as_written == footprint(jax.jit(fn).lower(*args)) < 0.8 * unannotated
+
+
+# --- layers checkpointed as transformers' Flax models do it --------------------------------
+class _EncoderLayer(nn.Module):
+  """Self-attention and an MLP over (b, s, d), with the flags transformers' Flax layers
+  take positionally (init_cache, deterministic, output_attentions): static under remat."""
+  d: int = 16
+
+  @nn.compact
+  def __call__(self, h, mask, init_cache=False, deterministic=True, output_attentions=False):
+    del init_cache, output_attentions
+    q, k, v = (nn.Dense(self.d, name=n)(h) for n in ("q", "k", "v"))
+    logits = jnp.einsum("bqd,bkd->bqk", q, k) / jnp.sqrt(self.d)
+    probs = jax.nn.softmax(jnp.where(mask[:, None, :] > 0, logits, -1e9), axis=-1)
+    h = nn.LayerNorm()(h + jnp.einsum("bqk,bkd->bqd", probs, v))
+    mlp = nn.Dense(self.d)(jnp.tanh(nn.Dense(4 * self.d)(h)))
+    return (nn.LayerNorm()(h + nn.Dropout(0.1, deterministic=deterministic)(mlp)),)
+
+
+class _Encoder(nn.Module):
+  gradient_checkpointing: bool = False
+
+  @nn.compact
+  def __call__(self, x, mask):
+    # transformers' pattern (FlaxBertLayerCollection, FlaxT5Stack): flax.linen.partitioning's
+    # remat with the flags static, layers named by their index.
+    layer = (nn_partitioning.remat(_EncoderLayer, static_argnums=(2, 3, 4))
+             if self.gradient_checkpointing else _EncoderLayer)
+    for i in range(2):
+      x = layer(name=str(i))(x, mask, False, True, False)[0]
+    return x
+
+
+def _encoder_step(checkpointed):
+  model = _Encoder(checkpointed)
+
+  def step(params, x, mask):
+    loss = lambda p: jnp.sum(jnp.square(model.apply({"params": p}, x, mask)) * mask[..., None])
+    value, grads = jax.value_and_grad(loss)(params)
+    return value, jax.tree_util.tree_map(lambda p, g: p - 1e-2 * g, params, grads)
+
+  return step
+
+
+def test_transformers_style_checkpointed_layers_are_undone_where_memory_allows():
+  x, mask = jnp.ones((2, 8, 16)) / 4, jnp.ones((2, 8)).at[1, 6:].set(0.0)
+  params = _Encoder().init(jax.random.PRNGKey(0), x, mask)["params"]
+  shapes, constraints = (None, "b, s, _", "b, s"), ("s <= 256", "b <= 4")
+  fn = _encoder_step(True)
+  analysis = symmem.analyze(fn, params, x, mask, polymorphic_shapes=shapes,
+                            constraints=constraints)
+  plain = symmem.analyze(_encoder_step(False), params, x, mask, polymorphic_shapes=shapes,
+                         constraints=constraints)
+  count = lambda program, name: sum(n.name == name for _, n in program.walk())
+  k = len(analysis.rounds) - 1
+  assert analysis.rounds[k].as_written and analysis.as_written_round == k
+  # Round 0 is the step without the recomputation (the forward's tanh once per layer),
+  # as written it recomputes each layer behind jax.checkpoint's barriers.
+  assert count(analysis.rounds[0].program, "tanh") == count(plain.rounds[0].program, "tanh") == 2
+  assert count(analysis.rounds[k].program, "tanh") == 4
+  assert count(analysis.rounds[k].program, "optimization_barrier") >= 2
+  assert not count(analysis.rounds[0].program, "optimization_barrier")
+  dims = {"b": 2, "s": 256}
+  assert analysis.round_peak(0, dims) == pytest.approx(plain.round_peak(0, dims), rel=0.01)
+  assert analysis.round_peak(k, dims) < analysis.round_peak(0, dims)
+  # The ladder symmem.jit walks: the planner's rounds in order, the step as written
+  # before the first of them that recomputes more FLOPs (walked here node by node).
+  from jax_symmem._src.flops import flops
+  env = analysis.graph.constraints.complete(dims)
+  walked = [sum(flops(r.graph, n).evaluate(env) for n in r.program.nodes)
+            for r in analysis.rounds]
+  ladder = analysis.ladder(dims)
+  at = next((j for j in range(1, k) if walked[j] > walked[k]), k)
+  assert ladder == tuple(range(at)) + (k,) + tuple(range(at, k))
+  assert at < k   # here the planner's later rounds recompute more than the annotation
+  assert plain.ladder(dims) == tuple(range(len(plain.rounds)))
+  # Where XLA put the rounds before it over the budget (a calibration of 10x), the step as
+  # written runs, not a planned round that recomputes more in as little memory.
+  budget = analysis.dispatch_figure(k, dims)
+  over = {j: 10.0 for j in range(at)}
+  assert analysis.best_round(dims, budget, scale=over, predicted=True) == (k, True)
+  assert analysis.best_round(dims, budget, scale={**over, k: 10.0}, predicted=True) == (
+      next(j for j in ladder if j not in over and j != k
+           and analysis.dispatch_figure(j, dims) <= budget), True)
+  # Every round computes jax.jit's numbers (the annotated step's, as written).
+  from jax_symmem._src import variants
+  flat = jax.tree_util.tree_leaves((params, x, mask))
+  want = jax.tree_util.tree_leaves(jax.jit(fn)(params, x, mask))
+  for j in (0, k):
+    got = jax.jit(variants.round_function(analysis, j, {"b": 2, "s": 8}))(*flat)
+    chex.assert_trees_all_close(list(got), want, rtol=1e-5, atol=1e-6)

@@ -49,6 +49,21 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
 PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
 
 
+class InOrder(Sequence[int]):
+  """`values` (indexed by round) read in the order `order` gives the rounds: the search
+  for a fitting round (`variants.search_rounds`, `refine_round`, `first_round`) walks
+  positions on `Analysis.ladder`, and callers map positions back to rounds."""
+
+  def __init__(self, values: Sequence[int], order: Sequence[int]):
+    self._values, self._order = values, order
+
+  def __len__(self) -> int:
+    return len(self._order)
+
+  def __getitem__(self, p):
+    return self._values[self._order[p]]
+
+
 class RoundPeaks(Sequence[int]):
   """Every round's modeled peak at dims, or with `predicted` its `round_footprint` (times
   `scale[k]` where given), each computed when first read (the analysis caches them): a
@@ -83,6 +98,7 @@ class Analysis:
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+  _ladders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
     budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget:,} B"
@@ -116,14 +132,41 @@ class Analysis:
   def best_round(self, dims: Mapping[str, int], budget: int | None, reserved: int = 0,
                  scale: Mapping[int, float] | None = None,
                  predicted: bool = False) -> tuple[int, bool]:
-    """(round, whether it fits): the smallest round predicted to fit, else the round
-    with the smallest predicted peak. Rounds add recomputation, so the smallest
-    round that fits is the one that recomputes least. Without a budget (and no device
-    limit): the step as the user wrote it, with their jax.checkpoint regions if any."""
+    """(round, whether it fits): the first round on the `ladder` predicted to fit, else
+    the round with the smallest predicted peak. The ladder orders the rounds by the
+    recomputation they add, so the first that fits is the one that recomputes least.
+    Without a budget (and no device limit): the step as the user wrote it, with their
+    jax.checkpoint regions if any."""
     if budget is None:
       return self.as_written_round, True
-    return first_round(RoundPeaks(self, dims, scale, predicted),
-                       lambda peak: peak + reserved <= budget)
+    order = self.ladder(dims)
+    p, fits = first_round(InOrder(RoundPeaks(self, dims, scale, predicted), order),
+                          lambda peak: peak + reserved <= budget)
+    return order[p], fits
+
+  def ladder(self, dims: Mapping[str, int]) -> tuple[int, ...]:
+    """Every round, in the order `symmem.jit` tries them at dims: by the recomputation
+    each adds. The planner's rounds come in that order (each evicts more than the one
+    before); an annotated step's round as written (the user's jax.checkpoint regions)
+    goes before the first planned round that recomputes more FLOPs than it at dims, so
+    that wherever the step as written fits, no round recomputing more runs in its place
+    (transformers' BERT with gradient_checkpointing, s=512: a planned round recomputing
+    1.13 x its FLOPs in as much memory ran 1.23 x its time; experiments/third_party.py).
+    Without jax.checkpoint regions: the rounds in index order."""
+    key = tuple(sorted(dims.items()))
+    if key not in self._ladders:
+      rounds, written = self.rounds, self.as_written_round
+      order = list(range(len(rounds)))
+      if written:
+        last = remat.last_planned(rounds)
+        node_flops = remat.NodeFlops(self.graph.constraints.complete(dict(dims)))
+        flops = lambda k: node_flops.total(rounds[k].graph, rounds[k].program)
+        target = flops(written)
+        at = next((k for k in range(1, last + 1) if flops(k) > target), last + 1)
+        order.remove(written)
+        order.insert(at, written)
+      self._ladders[key] = tuple(order)
+    return self._ladders[key]
 
   @property
   def as_written_round(self) -> int:

@@ -358,8 +358,13 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   peaks = analysis_lib.RoundPeaks(analysis, dims, predicted=True)
   scale = (None if policy.budget is None
            else transferable(calibration, calibrated_at, peaks))
-  search_rounds(peaks, k, peaks[k] * calibration.get(k, 1.0), xla_bytes, policy.fits,
-                policy.max_recompiles, scale, last, analysis.as_written_round)
+  # The search walks positions on the ladder (rounds by the recomputation they add).
+  order = analysis.ladder(dims)
+  at = {r: p for p, r in enumerate(order)}
+  search_rounds(analysis_lib.InOrder(peaks, order), at[k], peaks[k] * calibration.get(k, 1.0),
+                lambda p: xla_bytes(order[p]), policy.fits, policy.max_recompiles,
+                None if scale is None else {at[r]: v for r, v in scale.items()},
+                at[last], at[analysis.as_written_round])
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
@@ -372,4 +377,4 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
         + (", the step as written" if analysis.rounds[best.round].as_written else "")
         + f"; rounds compiled: {', '.join(str(v.round) for v in compiled)}), above {room}"
         + "; raise the budget or use shorter/smaller batches")
-  return min(fitting, key=lambda v: v.round), compiled   # least recomputation
+  return min(fitting, key=lambda v: at[v.round]), compiled   # least recomputation
