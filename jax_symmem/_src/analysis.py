@@ -1,10 +1,11 @@
 """The compile-time pipeline: trace -> shape graph -> schedule -> remat rounds -> Analysis.
 
 An `Analysis` holds everything symbolic about a training step, made once for
-all shapes; `choose_round(dims, budget)` is the run-time decision: the smallest
-round of evictions whose modeled peak fits the budget at those dims. `symmem.jit`
-decides by `round_footprint` instead: XLA's footprint predicted from the model's live
-ranges (`xla_buffers`), the figure it then checks with XLA's own.
+all shapes; `choose_round(dims, budget)` is the run-time decision: the first round
+of evictions on the `ladder` (by the recomputation each adds) whose modeled peak fits
+the budget at those dims. `symmem.jit` decides by `round_footprint` instead: XLA's
+footprint predicted from the model's live ranges (`xla_buffers`), the figure it then
+checks with XLA's own.
 """
 
 from __future__ import annotations
@@ -109,7 +110,8 @@ class Analysis:
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
                    reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
-    """The smallest round whose predicted peak (plus `reserved` bytes held by others) fits.
+    """The first round on the `ladder` whose predicted peak (plus `reserved` bytes held by
+    others) fits.
 
     The prediction is the modeled peak, times `scale[k]` where the caller has
     calibrated round k against what XLA reported for compiled variants.
@@ -151,7 +153,8 @@ class Analysis:
     goes before the first planned round that recomputes more FLOPs than it at dims, so
     that wherever the step as written fits, no round recomputing more runs in its place
     (transformers' BERT with gradient_checkpointing, s=512: a planned round recomputing
-    1.13 x its FLOPs in as much memory ran 1.23 x its time; experiments/third_party.py).
+    1.13 x its FLOPs by XLA's cost_analysis, in as much memory, ran 1.17 x its time;
+    experiments/third_party.py).
     Without jax.checkpoint regions: the rounds in index order."""
     key = tuple(sorted(dims.items()))
     if key not in self._ladders:
