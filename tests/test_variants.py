@@ -42,13 +42,23 @@ def test_two_compiles_when_the_error_does_not_grow(search):
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits)
   assert tried[0] == (k, xla[k])
   assert len({j for j, _ in tried}) == len(tried)          # no round compiled twice
-  assert len(tried) <= 1 + variants.MAX_RECOMPILES
+  n = 1 + variants.MAX_RECOMPILES
+  capped, extra = tried[:n], tried[n:]
   if fits(xla[k]):
     assert len(tried) == 1
   elif any(fits(int(xla[k] / peaks[k] * peaks[j] + e)) for j in range(k + 1, len(peaks))):
     assert len(tried) == 2 and fits(tried[-1][1])
+  # Past the cap only on the way to a refusal, and only until a round fits.
+  assert not extra or not any(fits(x) for _, x in capped)
+  assert not any(fits(x) for _, x in extra[:-1])
+  # Before refusing, every round that the most favourable XLA/model ratio of the capped
+  # search predicts within the budget was tried: one that fits is never missed.
+  best = min(x / peaks[j] for j, x in capped)
+  if len(capped) == n and any(fits(int(best * peaks[j])) and fits(xla[j])
+                              for j in range(len(peaks)) if j not in dict(capped)):
+    assert fits(tried[-1][1])
   if any(fits(x) for x in xla):   # a fitting round tried last, or the search ran out
-    assert fits(tried[-1][1]) or len(tried) == 1 + variants.MAX_RECOMPILES or (
+    assert fits(tried[-1][1]) or len(tried) >= n or (
         {j for j, _ in tried} >= {len(peaks) - 1, 0})
 
 
@@ -111,6 +121,26 @@ def test_an_annotated_step_tries_its_round_as_written_before_the_other_rounds():
                                  as_written=19)
   assert [j for j, _ in tried][:3] == [k, 18, 19] and fits(tried[-1][1])
   assert len(tried) <= 1 + variants.MAX_RECOMPILES
+
+
+def test_before_refusing_the_rounds_the_best_ratio_puts_within_the_budget_are_tried():
+  # The tiny Llama with `dots_saveable` layers (unrolled) at b=2, s=128, as symmem.jit
+  # compiles it, in 10 KiB units: predicted footprints and XLA's figures of rounds 0-11
+  # (10 the planner's last, 11 as written). Under 5.7 MiB the capped search compiled
+  # rounds 3, 10, 11 and 9, all over, and raised BudgetError; rounds 5-7 fit.
+  peaks = [786, 786, 767, 528, 545, 498, 498, 482, 551, 481, 482, 649]
+  xla = [822, 823, 810, 577, 597, 564, 545, 537, 576, 598, 585, 674]
+  fits = lambda b: b <= 570
+  k = analysis.first_round(peaks, fits)[0]
+  tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, last=10,
+                                 as_written=11)
+  assert [j for j, _ in tried] == [3, 10, 11, 9, 7] and fits(tried[-1][1])
+  # A budget below every round refuses after the capped search alone: even the best
+  # ratio (as written: 674 / 649) puts every other round over.
+  fits = lambda b: b <= 400
+  tried = variants.search_rounds(peaks, analysis.first_round(peaks, fits)[0], peaks[9],
+                                 xla.__getitem__, fits, last=10, as_written=11)
+  assert len(tried) <= 1 + variants.MAX_RECOMPILES and not any(fits(x) for _, x in tried)
 
 
 # A Flax ResNet (BatchNorm, 3x3 convs) at b=8, 64x64, measured by a helper probing conv
