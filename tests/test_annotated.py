@@ -215,19 +215,16 @@ def test_transformers_style_checkpointed_layers_are_undone_where_memory_allows()
   fn = _encoder_step(True)
   analysis = symmem.analyze(fn, params, x, mask, polymorphic_shapes=shapes,
                             constraints=constraints)
-  plain = symmem.analyze(_encoder_step(False), params, x, mask, polymorphic_shapes=shapes,
-                         constraints=constraints)
   count = lambda program, name: sum(n.name == name for _, n in program.walk())
   k = len(analysis.rounds) - 1
   assert analysis.rounds[k].as_written and analysis.as_written_round == k
   # Round 0 is the step without the recomputation (the forward's tanh once per layer),
   # as written it recomputes each layer behind jax.checkpoint's barriers.
-  assert count(analysis.rounds[0].program, "tanh") == count(plain.rounds[0].program, "tanh") == 2
+  assert count(analysis.rounds[0].program, "tanh") == 2
   assert count(analysis.rounds[k].program, "tanh") == 4
   assert count(analysis.rounds[k].program, "optimization_barrier") >= 2
   assert not count(analysis.rounds[0].program, "optimization_barrier")
   dims = {"b": 2, "s": 256}
-  assert analysis.round_peak(0, dims) == pytest.approx(plain.round_peak(0, dims), rel=0.01)
   assert analysis.round_peak(k, dims) < analysis.round_peak(0, dims)
   # The ladder symmem.jit walks: the planner's rounds in order, the step as written
   # before the first of them that recomputes more FLOPs (walked here node by node).
@@ -239,7 +236,8 @@ def test_transformers_style_checkpointed_layers_are_undone_where_memory_allows()
   at = next((j for j in range(1, k) if walked[j] > walked[k]), k)
   assert ladder == tuple(range(at)) + (k,) + tuple(range(at, k))
   assert at < k   # here the planner's later rounds recompute more than the annotation
-  assert plain.ladder(dims) == tuple(range(len(plain.rounds)))
+  plain = _tiny_llama_analysis(None, True)   # no jax.checkpoint regions: index order
+  assert plain.ladder({"b": 2, "s": 128}) == tuple(range(len(plain.rounds)))
   # Where XLA put the rounds before it over the budget (a calibration of 10x), the step as
   # written runs, not a planned round that recomputes more in as little memory.
   budget = analysis.dispatch_figure(k, dims)
