@@ -267,8 +267,9 @@ def _before_refusing(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
   The ratio moves from round to round, and the margin the search keeps for it can skip
   every round that fits: a tiny Llama with `dots_saveable` layers at b=2, s=128 under
   5.7 MiB compiled rounds 3, 10, 11 and 9 (XLA 5.8-6.7 MiB) and raised BudgetError while
-  rounds 5-7 take 5.4-5.6 MiB. A budget below every round costs no compile here (even
-  the best ratio puts them over), so the common refusal stays quick.
+  rounds 5-7 take 5.4-5.6 MiB. Under a budget below every round nothing more compiles
+  here beyond those two rounds (even the best ratio puts the others over), so the
+  common refusal stays quick.
   """
   best = min(size / max(1, peaks[k]) for k, size in compiled)
   tried = {k for k, _ in compiled}
