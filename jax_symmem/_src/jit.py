@@ -364,12 +364,7 @@ class SymmemFunction:
     error; this spends a compile only on shapes that recur, which run it many times."""
     searched = entry.searches[key]
     policy = self._policy(flat, budget, reserved)
-    order = entry.analysis.ladder(dims)   # positions on it: by recomputation added
-    at = {r: p for p, r in enumerate(order)}
-    p = variants_lib.refine_round(
-        analysis_lib.InOrder(analysis_lib.RoundPeaks(entry.analysis, dims, predicted=True), order),
-        [(at[r], size) for r, size in searched], policy.fits)
-    j = None if p is None else order[p]
+    j = variants_lib.refine_on_ladder(entry.analysis, dims, searched, policy.fits)
     if j is None:
       del entry.searches[key]
       return variant

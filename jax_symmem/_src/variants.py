@@ -317,6 +317,26 @@ def refine_round(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
   return None
 
 
+def refine_on_ladder(analysis, dims: Mapping[str, int], searched: Sequence[tuple[int, int]],
+                     fits: Callable[[int], bool]) -> int | None:
+  """`refine_round` at dims for `searched` [(round, XLA's figure)], walking the rounds in
+  ladder order (`_on_ladder`): the round to compile, or None."""
+  order, at, ranked = _on_ladder(analysis, dims,
+                                 analysis_lib.RoundPeaks(analysis, dims, predicted=True))
+  p = refine_round(ranked, [(at[r], size) for r, size in searched], fits)
+  return None if p is None else order[p]
+
+
+def _on_ladder(analysis, dims: Mapping[str, int], peaks: Sequence[int]
+               ) -> tuple[tuple[int, ...], dict[int, int], Sequence[int]]:
+  """(the rounds in `Analysis.ladder` order, each round's position there, `peaks` read by
+  position): the searches walk positions (rounds by the recomputation they add), so an
+  annotated step's round as written comes before the planned rounds that recompute more;
+  their callers map positions back to rounds."""
+  order = analysis.ladder(dims)
+  return order, {r: p for p, r in enumerate(order)}, analysis_lib.InOrder(peaks, order)
+
+
 def over_budget(nbytes: int, budget: int, reserved: int = 0) -> tuple[str, str]:
   """(`nbytes`, what it must fit in) as a BudgetError prints them: 'the <budget> budget',
   or with `reserved` bytes held by other live arrays 'the <budget - reserved> that the
@@ -392,10 +412,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   peaks = analysis_lib.RoundPeaks(analysis, dims, predicted=True)
   scale = (None if policy.budget is None
            else transferable(calibration, calibrated_at, peaks))
-  # The search walks positions on the ladder (rounds by the recomputation they add).
-  order = analysis.ladder(dims)
-  at = {r: p for p, r in enumerate(order)}
-  search_rounds(analysis_lib.InOrder(peaks, order), at[k], peaks[k] * calibration.get(k, 1.0),
+  order, at, ranked = _on_ladder(analysis, dims, peaks)
+  search_rounds(ranked, at[k], peaks[k] * calibration.get(k, 1.0),
                 lambda p: xla_bytes(order[p]), policy.fits, policy.max_recompiles,
                 None if scale is None else {at[r]: v for r, v in scale.items()},
                 at[last], at[analysis.as_written_round])
