@@ -5,7 +5,7 @@ this prints and writes to experiments/results/bench_models.json:
 
 1. model vs XLA: the modeled peak of round 0 against XLA's `memory_analysis()`
    footprint of the same step compiled as symmem.jit compiles it under a budget
-   (jax.jit's options without XNNPACK fusions, so XLA sees every buffer, DESIGN.md F2;
+   (jax.jit's options with XNNPACK for single dots only, so XLA sees every buffer, DESIGN.md F2;
    also recorded: with the memory-optimized scheduler); goal: within 10 % + 8 MiB;
    beside it the footprint symmem.jit decides by (`Analysis.round_footprint`);
 2. reach: the real peak of the planner's last round against that of the model with
@@ -15,7 +15,7 @@ this prints and writes to experiments/results/bench_models.json:
    shape: symmem.jit's real peak (goal: <= budget x 1.05 + 8 MiB), the round it
    dispatched, its compiles, step time vs per-layer checkpointing (goal <= 1.00 at
    the longest shape, lower at the shorter; also against per-layer checkpointing
-   compiled with the budget's options, without XNNPACK fusions) and vs jax.jit where
+   compiled with the budget's options, XNNPACK for single dots only) and vs jax.jit where
    jax.jit's real peak fits (goal <= 1.05), and losses / updated parameters vs jax.jit's.
 
 Real peaks follow DESIGN.md F3 (jax_symmem.measure: a fresh process per figure,
@@ -59,7 +59,7 @@ import jax_symmem as symmem
 from jax_symmem._src import variants
 
 FENCE = _common.REMAT_FENCE_OPTIONS   # keep jax.checkpoint on the CPU (F1)
-NO_XNNPACK = variants.FAST_PATH_CPU_OPTIONS   # what every budgeted variant adds on CPU
+BUDGET_XNNPACK = variants.FAST_PATH_CPU_OPTIONS   # what every budgeted variant adds on CPU
 
 
 @dataclasses.dataclass(frozen=True)
@@ -344,10 +344,10 @@ def run_workload(w: Workload, passes: int) -> dict:
     # Interleaved timing, in this process (per-layer compiled with barriers kept).
     ckpt_exe = per_layer.lower(*args).compile(compiler_options=_per_layer_options())
     fns = {"symmem": step, "per_layer": ckpt_exe}
-    if cpu:   # also with the budget's compile options (no XNNPACK fusions, F2): the
+    if cpu:   # also with the budget's compile options (XNNPACK for single dots only, F2): the
       # planner's choice of what to recompute, apart from what those options cost on CPU
       fns["per_layer_same_options"] = per_layer.lower(*args).compile(
-          compiler_options={**FENCE, **NO_XNNPACK})
+          compiler_options={**FENCE, **BUDGET_XNNPACK})
     if jit_real["real"] <= budget:
       fns["jit"] = ref
     times, fastest = _common.time_interleaved(fns, args, passes)

@@ -286,7 +286,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
       del got, want   # not live at the next shape's calls
       if name in CHECKPOINTED and passes:
         # jax.jit's step as compiled by default, and with the variant's XLA options (on
-        # CPU without XNNPACK fusions, F2): the second ratio leaves the options out.
+        # CPU XNNPACK for single dots only, F2): the second ratio leaves the options out.
         median, fastest = _common.time_interleaved(
             {"symmem": step, "jax_jit": ref, "jax_jit_same_options": same_options}, args, passes)
         row["time_s"], row["time_min_s"] = median, fastest
