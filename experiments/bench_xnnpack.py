@@ -1,8 +1,9 @@
 """Why budgeted variants compile without XNNPACK fusions: XLA's figure vs the real peak.
 
-Under a budget, `symmem.jit` compiles with `xla_cpu_experimental_ynn_fusion_type=""`
-(jax_symmem/_src/variants.py), which costs step time (README, "Models as people write
-them"). This measures, for rounds of one `experiments.bench_models` workload at one
+Under a budget, `symmem.jit` compiles with `xla_cpu_experimental_ynn_fusion_type=
+LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT` (XNNPACK for single dots only, `variants.XNNPACK_DOTS`;
+until 2026-12-03 with "", no XNNPACK), which costs step time against XLA's default fusions
+(README, "Models as people write them"). This measures, for rounds of one `experiments.bench_models` workload at one
 length, the planner's round compiled with the budget options as they are and with
 XNNPACK fusions left on: XLA's `memory_analysis()` footprint and the real peak
 (DESIGN.md F3, a fresh process per figure). Where the footprints agree but the real
@@ -37,7 +38,8 @@ FUSION_TYPES = {"off": "", "default": None, "dot": "LIBRARY_FUSION_TYPE_DOT",
 def measured(workload: str, length: int, k: int, fusions: str):
   """(fn, args, extra) for jax_symmem.measure: round k (-1: the last) at `length`,
   compiled with the XLA options symmem.jit compiles it with under a budget, but the XNNPACK fusions `fusions` (a key of
-  FUSION_TYPES: "off" is what the budget compiles with, "default" XLA's own choice)."""
+  FUSION_TYPES: "individual_dot" is what the budget compiles with, "off" what it compiled
+  with until 2026-12-03, "default" XLA's own choice)."""
   import jax
   from experiments import bench_models
   from jax_symmem._src import variants
