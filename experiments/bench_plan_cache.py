@@ -13,10 +13,16 @@ its rounds' modeled peaks equal the cold plan's at a few shapes. With
 `SymmemFunction` under a budget: analysis again, under another plan key than the
 budget-less analysis above, so the cold process plans it from scratch and later
 processes load it; plus XLA's compiles, from JAX's persistent compilation cache
-once stored).
+once stored). With --restart it also times a restarted job against `jax.jit`'s: fresh
+processes that each build the state and time their step's first call (b=2, s=128) from
+nothing, `jax.jit` and `symmem.jit` (under the budget) in turn, both with JAX's
+persistent compilation cache and the plan cache already filled by an untimed process of
+each; the difference is what jax_symmem adds to a restart (its symbolic trace, the plan
+read back, its dispatch), where both trace the step once.
 
-  python -m experiments.bench_plan_cache [--preset small] [--scan] [--warm 2]
-                                          [--first_call] [--budget_mib 256] [--out PATH]
+  python -m experiments.bench_plan_cache [--preset small] [--scan] [--narrow] [--warm 2]
+                                          [--first_call] [--restart] [--budget_mib 256]
+                                          [--out PATH]
 
 Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json (or --out).
 """
@@ -39,13 +45,23 @@ from experiments._common import MiB  # noqa: E402
 
 DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
 
-_CHILD = """
+# --narrow: the small preset's widths (a program of the same ops, layers and dtypes,
+# whose state fits this machine's memory, so a restart can run it).
+NARROW = {"vocab": 4096, "d_model": 256, "n_heads": 4, "d_ff": 688}
+_PRELUDE = f"""
+import dataclasses
+NARROW = {NARROW!r}
+"""
+
+_CHILD = _PRELUDE + """
 import json, sys, time
 import jax, jax.numpy as jnp
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem.examples import llama
 preset, scan = sys.argv[1], sys.argv[2] == "1"
-cfg = llama.PRESETS[preset]
+cfg = llama.PRESETS[preset.partition(":")[0]]
+if preset.endswith(":narrow"):   # the preset's program at the small preset's widths
+  cfg = dataclasses.replace(cfg, **NARROW)
 state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
 fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan))
 tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
@@ -82,6 +98,42 @@ print(json.dumps({"seconds": seconds, "trace_s": a.seconds["trace"], "plan_s": a
 """
 
 
+# A restarted job: build the state, time the step's first call from nothing (tracing,
+# jax_symmem's plan from its cache, XLA's executables from JAX's compilation cache).
+_RESTART_CHILD = _PRELUDE + """
+import json, sys, time
+import jax
+jax.config.update("jax_compilation_cache_dir", sys.argv[4])
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+from jax_symmem.examples import llama
+preset, scan, which, budget = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[5])
+cfg = llama.PRESETS[preset.partition(":")[0]]
+if preset.endswith(":narrow"):
+  cfg = dataclasses.replace(cfg, **NARROW)
+fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan))
+state = llama.init_state(cfg, scan_layers=scan)
+batch = llama.example_batch(cfg, 2, 128)
+jax.block_until_ready((state, batch))
+start = time.perf_counter()
+if which == "jax.jit":
+  step = jax.jit(fn)
+else:
+  import jax_symmem as symmem
+  step = symmem.jit(fn, polymorphic_shapes=(None, "b, s", "b, s"),
+                    constraints=llama.step_constraints(cfg.max_len, 16), memory_budget=budget)
+jax.block_until_ready(step(state, *batch))
+print(json.dumps({"first_call": time.perf_counter() - start}))
+"""
+
+
+def _restart(cache_dir: str, preset: str, scan: bool, which: str, seed: int, budget: int) -> float:
+  env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED=str(seed),
+             JAX_SYMMEM_PLAN_CACHE=cache_dir, JAX_PLATFORMS="cpu")
+  return _common.run_python(_RESTART_CHILD, [preset, "1" if scan else "0", which,
+                                              os.path.join(cache_dir, "xla_restart"),
+                                              str(budget)], env)["first_call"]
+
+
 def _run(cache_dir: str, preset: str, scan: bool, seed: int, xla_cache: str | None,
          budget: int) -> dict:
   env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED=str(seed),
@@ -94,26 +146,42 @@ def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--preset", default="small")
   parser.add_argument("--scan", action="store_true", help="nn.scan over the layers")
+  parser.add_argument("--narrow", action="store_true",
+                      help=f"the preset at the small preset's widths {NARROW} (same program and "
+                           "layers: a 1B step's restart can run on this machine)")
   parser.add_argument("--warm", type=int, default=2, help="warm processes after the cold one")
   parser.add_argument("--first_call", action="store_true",
                       help="also time symmem.jit's first call (b=2, s=128) with JAX's persistent "
                            "compilation cache in the same directory")
+  parser.add_argument("--restart", action="store_true",
+                      help="also time restarted jobs' first calls, jax.jit vs symmem.jit, both "
+                           "caches filled (--warm pairs)")
   parser.add_argument("--budget_mib", type=int, default=256,
-                      help="symmem.jit's budget for --first_call")
+                      help="symmem.jit's budget for --first_call and --restart")
   parser.add_argument("--out", default=None,
                       help="default experiments/results/bench_plan_cache[_scan]_<preset>.json")
   args = parser.parse_args()
   budget = args.budget_mib * MiB
   with tempfile.TemporaryDirectory() as cache_dir:
     xla = os.path.join(cache_dir, "xla") if args.first_call else None
-    cold = _run(cache_dir, args.preset, args.scan, 1, xla, budget)
-    warm = [_run(cache_dir, args.preset, args.scan, 2 + k, xla, budget) for k in range(args.warm)]
+    preset = args.preset + (":narrow" if args.narrow else "")
+    cold = _run(cache_dir, preset, args.scan, 1, xla, budget)
+    warm = [_run(cache_dir, preset, args.scan, 2 + k, xla, budget) for k in range(args.warm)]
     stored = sum(f.stat().st_size for f in pathlib.Path(cache_dir).glob("*.json"))
+    restart = None
+    if args.restart:   # untimed: fill both caches; then the pairs, in turn
+      whos = ("jax.jit", "symmem.jit")
+      fill = {w: _restart(cache_dir, preset, args.scan, w, 1, budget) for w in whos}
+      restart = {"filling": fill, **{w: [] for w in whos}}
+      for k in range(args.warm):
+        for w in (whos if k % 2 == 0 else whos[::-1]):
+          restart[w].append(_restart(cache_dir, preset, args.scan, w, 2 + k, budget))
   assert cold["origin"] == "planned", cold["origin"]
   for w in warm:
     assert w["origin"] != "planned", "the warm process planned again"
     assert w["peaks"] == cold["peaks"], "replayed rounds model other peaks"
-  name = f"llama {args.preset}" + (" (scan)" if args.scan else "")
+  name = f"llama {args.preset}" + (" (narrow)" if args.narrow else "") + (
+      " (scan)" if args.scan else "")
   print(f"{name}: {cold['rounds'] - 1} remat rounds, {cold['loop_evictions']} loop evictions, "
         f"plan files {stored / 1024:.0f} KiB")
   first = lambda r: f"{r['first_call']:>16.2f}" if r["first_call"] is not None else ""
@@ -122,23 +190,35 @@ def main() -> None:
   for label, r in [("cold", cold)] + [(f"warm {k + 1}", w) for k, w in enumerate(warm)]:
     print(f"{label:<10}{r['seconds']:>12.2f}{r['trace_s']:>10.2f}{r['plan_s']:>12.2f}"
           f"{r['rounds_s']:>17.2f}{first(r)}")
+  if restart is not None:
+    print(f"restarted job's first call (b=2, s=128; both caches filled): jax.jit "
+          + ", ".join(f"{t:.2f}" for t in restart["jax.jit"]) + " s; symmem.jit "
+          + ", ".join(f"{t:.2f}" for t in restart["symmem.jit"]) + " s (filling: "
+          + ", ".join(f"{w} {t:.2f}" for w, t in restart["filling"].items()) + " s)")
+    gap = min(restart["symmem.jit"]) - min(restart["jax.jit"])
+    print(f"symmem.jit adds {gap:.2f} s to a restart (best of each)")
   best = min(w["seconds"] for w in warm)
   best_plan = min(w["plan_s"] for w in warm)
   print(f"speedup {cold['seconds'] / best:.1f}x; warm <= 1 s: {best <= 1.0}; warm after "
         f"tracing <= 1 s: {best_plan <= 1.0}")
-  result = {"preset": args.preset, "scan": args.scan, "cold_s": cold["seconds"],
+  result = {"preset": args.preset, "scan": args.scan,
+            "narrow": NARROW if args.narrow else None, "cold_s": cold["seconds"],
             "warm_s": [w["seconds"] for w in warm],
             "trace_s": {"cold": cold["trace_s"], "warm": [w["trace_s"] for w in warm]},
             "after_trace_s": {"cold": cold["plan_s"], "warm": [w["plan_s"] for w in warm]},
             # Rebuilding every round afterwards (a replay does it per round on demand).
             "every_round_s": {"cold": cold["rounds_s"], "warm": [w["rounds_s"] for w in warm]},
             "first_call_s": {"cold": cold["first_call"], "warm": [w["first_call"] for w in warm],
-                             "budget_bytes": budget} if args.first_call else None, "rounds": cold["rounds"] - 1,
+                             "budget_bytes": budget} if args.first_call else None,
+            # Fresh processes' first calls, jax.jit and symmem.jit, both caches filled.
+            "restart_first_call_s": restart and {**restart, "budget_bytes": budget},
+            "rounds": cold["rounds"] - 1,
             "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
             "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),
             "python": platform.python_version()}
   out = args.out or ROOT / "experiments" / "results" / (
-      f"bench_plan_cache{'_scan' if args.scan else ''}_{args.preset}.json")
+      f"bench_plan_cache{'_scan' if args.scan else ''}_{args.preset}"
+      f"{'_narrow' if args.narrow else ''}.json")
   print(f"wrote {_common.write_results(out, result)}")
 
 
