@@ -14,6 +14,11 @@ skipped with probability p, drawn per layer from the "layerdrop" RNG stream unde
 `nn.cond`, so a skipped layer costs nothing; `layer_drop_train_step_fn` is its
 `(state, tokens, mask, key)` step. Under AD each layer becomes a forward/backward
 `lax.cond` pair, as stochastic depth does in vision models.
+
+`GPT2Config(dropout=p)` trains with dropout where GPT-2 (and HF's port) has it: on the
+embeddings, the attention probabilities and each residual branch's output, drawn from
+the "dropout" RNG stream; `dropout_train_step_fn` is its `(state, tokens, mask, key)`
+step.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ class GPT2Config(ModelConfig):
   d_ff: int = 256
   max_len: int = 256           # rows of the position table: the longest sequence
   norm_eps: float = 1e-5
+  dropout: float = 0.0         # embeddings, attention probabilities, residual branches
 
 
 PRESETS = {
@@ -57,10 +63,18 @@ class Block(nn.Module):
     h = norm("ln_1")(x)
     qkv = nn.DenseGeneral((3, cfg.n_heads, cfg.d_head), **dt, name="qkv")(h)
     q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-    out = llama.causal_attention(q, k, v, jnp.dtype(cfg.dtype))
-    x = x + nn.DenseGeneral(cfg.d_model, axis=(-2, -1), **dt, name="proj")(out)
+    drop = _dropout(cfg)
+    out = llama.causal_attention(q, k, v, jnp.dtype(cfg.dtype), drop)
+    x = x + drop(nn.DenseGeneral(cfg.d_model, axis=(-2, -1), **dt, name="proj")(out))
     h = nn.Dense(cfg.d_ff, **dt, name="fc")(norm("ln_2")(x))
-    return x + nn.Dense(cfg.d_model, **dt, name="fc_proj")(nn.gelu(h, approximate=True))
+    return x + drop(nn.Dense(cfg.d_model, **dt, name="fc_proj")(nn.gelu(h, approximate=True)))
+
+
+def _dropout(cfg: GPT2Config) -> Callable:
+  """Dropout at `cfg.dropout` (a fresh module per call site), or the identity at 0."""
+  if not cfg.dropout:
+    return lambda x: x
+  return lambda x: nn.Dropout(cfg.dropout, deterministic=False)(x)
 
 
 class GPT2(nn.Module):
@@ -76,7 +90,7 @@ class GPT2(nn.Module):
                      embedding_init=nn.initializers.normal(0.02), name="wte")
     positions = nn.Embed(cfg.max_len, cfg.d_model, **dt,
                          embedding_init=nn.initializers.normal(0.01), name="wpe")
-    x = embed(tokens) + positions(jnp.arange(tokens.shape[1]))[None]
+    x = _dropout(cfg)(embed(tokens) + positions(jnp.arange(tokens.shape[1]))[None])
     block = llama.remat_block(Block, self.remat_policy)
     for i in range(cfg.n_layers):
       layer = block(cfg, name=f"h_{i}")
@@ -113,6 +127,15 @@ def layer_drop_train_step_fn(model: GPT2, *, learning_rate: float = 1e-3) -> Cal
   model: `key` seeds the layers' skip draws (a new key per step)."""
   def loss_fn(params, tokens, mask, key):
     logits = model.apply({"params": params}, tokens, rngs={"layerdrop": key})
+    return llama.next_token_loss(logits, tokens, mask)
+  return llama.adamw_train_step(loss_fn, learning_rate=learning_rate)
+
+
+def dropout_train_step_fn(model: GPT2, *, learning_rate: float = 1e-3) -> Callable:
+  """The pure `(state, tokens, mask, key) -> (state, loss)` AdamW step of a model with
+  `cfg.dropout`: `key` seeds the dropout masks (a new key per step)."""
+  def loss_fn(params, tokens, mask, key):
+    logits = model.apply({"params": params}, tokens, rngs={"dropout": key})
     return llama.next_token_loss(logits, tokens, mask)
   return llama.adamw_train_step(loss_fn, learning_rate=learning_rate)
 

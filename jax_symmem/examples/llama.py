@@ -96,16 +96,19 @@ def apply_rotary(x, cos, sin):
   return out.astype(x.dtype)
 
 
-def causal_attention(q, k, v, dtype):
+def causal_attention(q, k, v, dtype, probs_dropout: Callable | None = None):
   """Softmax attention of (b, s, h, d) queries over keys at or before each position.
 
   The mask is causal only: batches are right-padded, so a real token never sees a pad.
+  `probs_dropout` (GPT-2's attention dropout) is applied to the probabilities.
   """
   s, d = q.shape[1], q.shape[-1]
   scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / jnp.sqrt(jnp.float32(d)).astype(q.dtype)
   causal = jnp.tril(jnp.ones((s, s), bool))
   scores = jnp.where(causal, scores.astype(jnp.float32), jnp.finfo(jnp.float32).min)
   probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+  if probs_dropout is not None:
+    probs = probs_dropout(probs)
   return jnp.einsum("bhqk,bkhd->bqhd", probs, v)
 
 
