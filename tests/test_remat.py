@@ -15,6 +15,7 @@ from jax_symmem._src.ir import Const
 from jax_symmem._src import memory
 from jax_symmem._src import remat
 from jax_symmem._src import schedule
+from jax_symmem._src import variants
 from jax_symmem.examples import transformer
 from tests import programs
 
@@ -28,7 +29,7 @@ def _analysis():
                         polymorphic_shapes=(None, "b, s", "b, s"), constraints=CONSTRAINTS)
 
 
-def test_regions_are_valid_and_never_recompute_randomness_or_effects():
+def test_regions_are_valid_and_never_recompute_effects():
   a = _analysis()
   assert len(a.rounds) > 1
   for r in a.rounds[1:]:
@@ -455,3 +456,70 @@ def test_rounds_evict_whole_layers_stay_valid_and_compute_what_jax_jit_does():
                         {"b": 3, "s": 20})
     for g, w in zip(got, want):
       np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-5 * float(np.abs(w).max() + 1))
+
+
+# --- dropout: masks regenerated from their keys -----------------------------------------
+
+
+class _DropoutBlock(nn.Module):
+  """A pre-norm MLP block with dropout on its hidden activations and its output, as
+  fine-tuning recipes write it (HF's models default to 0.1)."""
+
+  @nn.compact
+  def __call__(self, x):
+    h = nn.gelu(nn.Dense(64)(nn.LayerNorm()(x)))
+    h = nn.Dropout(0.1, deterministic=False)(h)
+    return x + nn.Dropout(0.1, deterministic=False)(nn.Dense(32)(h))
+
+
+class _DropoutNet(nn.Module):
+  @nn.compact
+  def __call__(self, x):
+    for i in range(3):
+      x = _DropoutBlock(name=f"block_{i}")(x)
+    return x
+
+
+def _dropout_step(params, x, key):
+  def loss(p):
+    y = _DropoutNet().apply({"params": p}, x, rngs={"dropout": key})
+    return jnp.mean(y ** 2)
+  value, grads = jax.value_and_grad(loss)(params)
+  return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def test_dropout_masks_are_regenerated_from_their_keys_and_every_round_equals_jax_jit():
+  # jax.random's ops are functions of their key: a regeneration may run them again (as
+  # jax.checkpoint does) and gets the same bits, so the masks need not stay resident.
+  params = _DropoutNet().init(jax.random.key(0), jnp.ones((1, 4, 32)))["params"]
+  key = jax.random.key(1)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 48, 32).astype(np.float32))
+  a = symmem.analyze(_dropout_step, params, x, key,
+                     polymorphic_shapes=(None, "b, s, 32", None), constraints=("b <= 4", "s <= 64"))
+  def draws_again(j: int) -> bool:   # round j regenerates a value through random_bits
+    nodes = a.rounds[j - 1].program.nodes   # a round's regions index the program before it
+    regions = [x for item in a.rounds[j].regions for x in getattr(item, "regions", (item,))]
+    return any(nodes[i].name == "random_bits" for x in regions if isinstance(x, remat.Region)
+               for i in x.nodes)
+  assert any(draws_again(j) for j in range(1, len(a.rounds)))
+  want = jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))
+  flat = jax.tree_util.tree_leaves((params, x, key))
+  dims = {"b": 2, "s": 48}
+  for k in sorted({1, len(a.rounds) // 2, len(a.rounds) - 1}):
+    got = jax.jit(variants.round_function(a, k, dims))(*flat)
+    for g, w in zip(got, want):
+      np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert a.round_peak(len(a.rounds) - 1, dims) < a.round_peak(0, dims)
+
+
+def test_a_random_draw_costs_threefry_per_word():
+  # Regenerating a mask runs Threefry again: ranked by its work, not one FLOP per bit.
+  from jax_symmem._src import flops as flops_lib
+  from jax_symmem._src import tracing
+  from jax_symmem._src.shape_graph import ShapeGraph
+  traced = tracing.trace(lambda k, x: jax.random.bits(k, x.shape, jnp.uint32),
+                         jax.random.key(0), jnp.ones((2, 8)), polymorphic_shapes=(None, "b, 8"))
+  graph = ShapeGraph(traced)
+  (node,) = [n for n in traced.program.nodes if n.name == "random_bits"]
+  cost = flops_lib.flops(graph, node)
+  assert cost.evaluate({"b": 3}) == flops_lib.THREEFRY_OPS_PER_WORD * 3 * 8

@@ -27,9 +27,24 @@ def _reduction_flops(node, ins, outs) -> Poly:
   return _elements(ins[0])
 
 
+# Threefry-2x32 (JAX's default PRNG) per 32-bit word it generates: 20 rounds of an add,
+# a rotation (two shifts and an or) and a xor on each word, and the key injections.
+THREEFRY_OPS_PER_WORD = 110
+
+
+def _random_bits_flops(node, ins, outs) -> Poly:
+  words = max(1, node.params.get("bit_width", 32) // 32)
+  return THREEFRY_OPS_PER_WORD * words * _elements(outs[0])
+
+
+def _threefry_flops(node, ins, outs) -> Poly:
+  return THREEFRY_OPS_PER_WORD * sum((_elements(o) for o in outs), ZERO)
+
+
 # primitive -> (node, input dims, output dims) -> FLOPs; default: one per output element.
 FLOP_RULES: dict[str, Callable[..., Poly]] = {
     "dot_general": _dot_flops,
+    "random_bits": _random_bits_flops, "threefry2x32": _threefry_flops,
     "reduce_sum": _reduction_flops, "reduce_max": _reduction_flops,
     "reduce_min": _reduction_flops, "argmax": _reduction_flops, "argmin": _reduction_flops,
 }

@@ -53,11 +53,13 @@ from jax_symmem._src.ir import Const, Node, Program, layer_scope, source_label
 
 # --- per-primitive rules ------------------------------------------------------------
 
-# Never recomputed: randomness (a second draw differs), effects, collectives, and
-# control flow (its bodies are not cloned here).
+# Never recomputed: effects, collectives, stateful randomness, and control flow (its
+# bodies are not cloned here). JAX's functional random ops (random_bits, threefry2x32,
+# the key ops) are recomputed: the same key gives the same bits, as under
+# jax.checkpoint, so a dropout mask is regenerated from its key rather than kept.
+# rng_bit_generator stays out, as in loop_remat.NOT_REPLAYABLE.
 NOT_RECOMPUTABLE = frozenset({
-    "random_bits", "random_seed", "random_split", "random_fold_in", "random_wrap",
-    "random_unwrap", "rng_bit_generator", "rng_uniform", "threefry2x32", "iota_2x32_shape",
+    "rng_bit_generator", "rng_uniform",
     "psum", "pmax", "pmin", "all_gather", "all_to_all", "ppermute", "reduce_scatter",
     "psum_scatter", "axis_index", "scan", "while", "cond", "io_callback", "pure_callback",
     "debug_callback", "optimization_barrier", "custom_call",
