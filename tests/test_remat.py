@@ -523,3 +523,24 @@ def test_a_random_draw_costs_threefry_per_word():
   (node,) = [n for n in traced.program.nodes if n.name == "random_bits"]
   cost = flops_lib.flops(graph, node)
   assert cost.evaluate({"b": 3}) == flops_lib.THREEFRY_OPS_PER_WORD * 3 * 8
+
+
+def test_a_dropout_step_under_a_budget_jax_jit_exceeds_runs_a_round_within_it():
+  # End to end on a step that draws masks: under a budget jax.jit's program exceeds, a
+  # round > 0 runs, XLA's figure within the budget, with jax.jit's numbers.
+  from tests import budgets
+  params = _DropoutNet().init(jax.random.key(0), jnp.ones((1, 4, 32)))["params"]
+  key = jax.random.key(1)
+  x = jnp.asarray(np.random.RandomState(1).randn(4, 64, 32).astype(np.float32))
+  kw = dict(polymorphic_shapes=(None, "b, s, 32", None), constraints=("b <= 4", "s <= 64"))
+  a = symmem.analyze(_dropout_step, params, x, key, **kw)
+  dims = {"b": 4, "s": 64}
+  budget = budgets.tight_budget(a, dims, (params, x, key))
+  assert budgets.xla_bytes(a, 0, dims, (params, x, key)) > budget   # jax.jit's program does not fit
+  step = symmem.jit(_dropout_step, memory_budget=budget, **kw)
+  got = step(params, x, key)
+  assert step.last_call["round"] > 0
+  assert step.last_call["xla_bytes"] <= budget - step.last_call["reserved"]
+  for g, w in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
