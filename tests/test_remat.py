@@ -498,9 +498,9 @@ def test_dropout_masks_are_regenerated_from_their_keys_and_every_round_equals_ja
                      polymorphic_shapes=(None, "b, s, 32", None), constraints=("b <= 4", "s <= 64"))
   def draws_again(j: int) -> bool:   # round j regenerates a value through random_bits
     nodes = a.rounds[j - 1].program.nodes   # a round's regions index the program before it
-    regions = [x for item in a.rounds[j].regions for x in getattr(item, "regions", (item,))]
-    return any(nodes[i].name == "random_bits" for x in regions if isinstance(x, remat.Region)
-               for i in x.nodes)
+    regions = [r for item in a.rounds[j].regions for r in getattr(item, "regions", (item,))]
+    return any(nodes[i].name == "random_bits" for r in regions if isinstance(r, remat.Region)
+               for i in r.nodes)
   assert any(draws_again(j) for j in range(1, len(a.rounds)))
   want = jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))
   flat = jax.tree_util.tree_leaves((params, x, key))
