@@ -17,8 +17,9 @@ once stored). With --restart it also times a restarted job against `jax.jit`'s: 
 processes that each build the state and time their step's first call (b=2, s=128) from
 nothing, `jax.jit` and `symmem.jit` (under the budget) in turn, both with JAX's
 persistent compilation cache and the plan cache already filled by an untimed process of
-each; the difference is what jax_symmem adds to a restart (its symbolic trace, the plan
-read back, its dispatch), where both trace the step once.
+each; the difference is what jax_symmem adds to a restart: its symbolic trace (jax.jit
+and symmem.jit both trace the step as written at the batch's shape), the plan read back,
+its dispatch.
 
   python -m experiments.bench_plan_cache [--preset small] [--scan] [--narrow] [--warm 2]
                                           [--first_call] [--restart] [--budget_mib 256]
@@ -50,7 +51,12 @@ DIMS = ({"b": 1, "s": 64}, {"b": 4, "s": 512}, {"b": 16, "s": 1024})
 NARROW = {"vocab": 4096, "d_model": 256, "n_heads": 4, "d_ff": 688}
 _PRELUDE = f"""
 import dataclasses
-NARROW = {NARROW!r}
+
+def preset_config(preset):
+  # "name" or "name:narrow" (the preset's program at the small preset's widths)
+  from jax_symmem.examples import llama
+  cfg = llama.PRESETS[preset.partition(":")[0]]
+  return dataclasses.replace(cfg, **{NARROW!r}) if preset.endswith(":narrow") else cfg
 """
 
 _CHILD = _PRELUDE + """
@@ -59,9 +65,7 @@ import jax, jax.numpy as jnp
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem.examples import llama
 preset, scan = sys.argv[1], sys.argv[2] == "1"
-cfg = llama.PRESETS[preset.partition(":")[0]]
-if preset.endswith(":narrow"):   # the preset's program at the small preset's widths
-  cfg = dataclasses.replace(cfg, **NARROW)
+cfg = preset_config(preset)
 state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=scan))
 fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan))
 tokens = jax.ShapeDtypeStruct((2, 16), jnp.int32)
@@ -107,9 +111,7 @@ jax.config.update("jax_compilation_cache_dir", sys.argv[4])
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 from jax_symmem.examples import llama
 preset, scan, which, budget = sys.argv[1], sys.argv[2] == "1", sys.argv[3], int(sys.argv[5])
-cfg = llama.PRESETS[preset.partition(":")[0]]
-if preset.endswith(":narrow"):
-  cfg = dataclasses.replace(cfg, **NARROW)
+cfg = preset_config(preset)
 fn = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan))
 state = llama.init_state(cfg, scan_layers=scan)
 batch = llama.example_batch(cfg, 2, 128)
