@@ -17,6 +17,9 @@ results: XLA plans a cond's temporaries statically, as the largest branch's
 working set above the operands, whichever branch runs; a branch's results are
 made in the cond's output buffers (XLA colocates them), so they count once, as
 the cond's outputs. (Branches must be pure for that; AD's and users' conds are.)
+In that mode a random draw also counts the Threefry counters XLA holds beside its
+result while it runs (`memory.DRAW_BYTES_PER_ELEMENT`, measured in XLA's buffer
+assignment: tests/test_xla_buffers.py), which a dispatch of the draw does not show.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from typing import Any, Iterable, Sequence
 import jax
 
 from jax_symmem._src import interpret
+from jax_symmem._src import memory
 from jax_symmem._src.ir import Const, Program
 from jax_symmem._src.tracing import TracedProgram
 
@@ -157,6 +161,8 @@ def run_tracked(program: Program, flat_args: Sequence[Any], order: Sequence[int]
       results, working = _run_cond(node, [read(x) for x in node.inputs], loops_op_by_op)
     else:
       results = interpret.bind(node, [read(x) for x in node.inputs])
+      if loops_op_by_op and node.name == "random_bits":   # the counters XLA holds beside it
+        working = memory.DRAW_BYTES_PER_ELEMENT * results[0].size - _nbytes(results[0])
     for o, r in zip(node.outputs, results):
       env[o] = r
       if o in preallocated and _buffer_key(r) not in refs:   # made here, not passed through

@@ -12,7 +12,8 @@ donates, every step's bytes are exact polynomials over the dims:
   the operand's buffer alive as long as either is live;
 * a control-flow node (scan, while, cond) also needs its body's working set
   while it runs: the body's own modeled peak above the body's inputs
-  (`Step.transient`).
+  (`Step.transient`); so does a random draw, whose counters XLA holds beside its
+  result (`WORKING_SET_RULES`).
 
 This is exactly what the reference executor does when it runs the program op by
 op and deletes every array after its last use (DESIGN.md F7); tests check the
@@ -32,7 +33,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import numpy as np
 
 from jax_symmem._src import compare as compare_lib
-from jax_symmem._src.poly import ZERO, Poly
+from jax_symmem._src.poly import ZERO, Poly, product
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.ir import Const, Node, Program
 
@@ -48,6 +49,32 @@ ALIAS_RULES: dict[str, Callable[[Node], Mapping[int, int]]] = {
     "random_unwrap": lambda node: {0: 0},
     "optimization_barrier": lambda node: {k: k for k in range(len(node.outputs))},
 }
+
+
+# JAX's Threefry (`jax_threefry_partitionable`, the default since jax 0.5) draws each
+# element from a pair of 32-bit counter words: XLA holds both counter arrays and the
+# next round's pair while the draw runs (XLA:CPU: a rolled loop's state and its update;
+# measured in the buffer assignment of a dropout step: tests/test_xla_buffers.py), 16
+# bytes per element, of which the draw's result takes its own bytes.
+DRAW_BYTES_PER_ELEMENT = 16
+
+
+def _draw_working_set(graph: ShapeGraph, node: Node) -> Poly:
+  (out,) = node.outputs
+  elements = graph.constraints.reduce(product(graph.values[out].dims))
+  return DRAW_BYTES_PER_ELEMENT * elements - graph.bytes(out)
+
+
+# primitive -> bytes a plain op needs beside its operands and results while it runs, as
+# XLA realizes it (a control-flow node's come from its bodies: `transients`).
+WORKING_SET_RULES: dict[str, Callable[[ShapeGraph, Node], Poly]] = {
+    "random_bits": _draw_working_set,
+}
+
+
+def has_working_set(node: Node) -> bool:
+  """Whether a step of `node` needs bytes beyond its operands and results."""
+  return bool(node.subprograms) or node.name in WORKING_SET_RULES
 
 
 def aliased_operands(node: Node) -> Mapping[int, int]:
@@ -89,7 +116,7 @@ class Step:
   node: int
   live_before: Poly
   allocated: Poly
-  transients: tuple[Poly, ...]   # a control-flow node's working set: the max of these
+  transients: tuple[Poly, ...]   # the node's working set (`transients`): the max of these
   freed: Poly
 
   @property
@@ -258,7 +285,7 @@ class _IntTables:
     # kept (the graph reaches the traced call and its arrays), so the cache below never
     # keeps a traced call alive.
     value_bytes = graph.bytes_at(env, program.value_ids())
-    node_trans = {n.index: transient_at(graph, n, env) for n in layout.control_flow}
+    node_trans = {n.index: transient_at(graph, n, env) for n in layout.working}
     self.program, self.donated, self.layout = program, donated, layout
     self.size_of = value_bytes.__getitem__
     self.trans_of = lambda node: node_trans.get(node.index, 0)
@@ -314,7 +341,7 @@ class _BufferLayout:
   owned_value: tuple[int, ...]
   dead_node: np.ndarray             # (node, value) of those that nothing reads
   dead_value: tuple[int, ...]
-  control_flow: tuple[Node, ...]
+  working: tuple[Node, ...]         # nodes with a working set (`has_working_set`)
   num_nodes: int
 
   @functools.cached_property
@@ -358,7 +385,7 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf,
                          owned_node, tuple(owned_value.tolist()),
                          owned_node[dead], tuple(owned_value[dead].tolist()),
-                         program.control_flow, len(nodes))
+                         tuple(n for n in nodes if has_working_set(n)), len(nodes))
   _remember(_LAYOUTS, key, (program, layout))
   return layout
 
@@ -430,7 +457,8 @@ def _simulate(program: Program, order: Sequence[int], donated: Iterable[int], si
 
 def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
   """A control-flow node's working set above its bodies' inputs, as the polynomials
-  whose max it is (pruned: each is the largest somewhere); () for plain ops.
+  whose max it is (pruned: each is the largest somewhere); a plain op's by
+  `WORKING_SET_RULES` (a random draw's counters), else ().
 
   One iteration's temporaries at a time: XLA runs a loop body in place, so the
   working set is the body's own peak above what the body receives, whichever
@@ -438,9 +466,11 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
   branch computes its results into the cond's output buffers (XLA colocates
   them), which the cond's step already allocates: they count once, there.
   """
-  if not node.subprograms:
+  if not has_working_set(node):
     return ()
   cache = graph.node_cache("transients")
+  if node not in cache and not node.subprograms:
+    cache[node] = (WORKING_SET_RULES[node.name](graph, node),)
   if node not in cache:
     pieces = []
     for body in node.subprograms:
@@ -455,9 +485,11 @@ def transients(graph: ShapeGraph, node: Node) -> tuple[Poly, ...]:
 def transient_at(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
   """`transient(graph, node)` at the complete dims `env`, computed with integers
   (the remat rounds price every rewritten scan and cond at one shape)."""
-  if not node.subprograms:
+  if not has_working_set(node):
     return 0
   cache = graph.node_cache("transient at " + repr(sorted(env.items())))
+  if node not in cache and not node.subprograms:
+    cache[node] = transients(graph, node)[0].evaluate(env)
   if node not in cache:
     working = []
     for body in node.subprograms:

@@ -46,6 +46,12 @@ dot's result XLA computed with merged free dims and reshaped, nor a loop body's 
 which is copied out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
 (duplicated code, minor-dimension concatenations).
 
+A random draw is stored as XLA stores it (`_with_counters`): Threefry's two counter words
+per element, held until the readers that combine them (which fuse the combination and a
+dropout's mask into their loops, so the mask is never stored), the next round's pair
+beside them while it runs, and in a loop body the first counters, which XLA hoists out
+of the loop.
+
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
 them).
@@ -100,16 +106,19 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
   stored = _stored(program, fusion)
+  size, draws = _with_counters(graph, stored, size)
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
   start, end = stored.live_ranges(pos)
   sizes = stored.shared(np.asarray([size[v] for v in stored.owned], np.int64), start, end)
   is_output = stored.is_output
-  # A loop's working set, a dot's transposed operands: temporaries at that node's step.
-  parts = [(pos[node.index], b) for node in program.control_flow
+  # A loop's working set, a dot's transposed operands, a draw's next counters:
+  # temporaries at that node's step.
+  parts = [(pos[node.index], b) for node in stored.working
            for b in (_working_parts(graph, node, env) if fusion
                      else (memory.transient_at(graph, node, env),))]
   parts += [(pos[i], size[x]) for i, x in stored.dot_copies if size[x]]
+  parts += [(pos[i], b) for i, b in draws]
   if parts:
     at = np.asarray([p for p, _ in parts], np.int64)
     sizes = np.concatenate([sizes, np.asarray([b for _, b in parts], np.int64)])
@@ -144,6 +153,8 @@ def working_set(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
 
 def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tuple[int, ...]:
   """The sizes of the buffers in `working_set` (the buffer assigner places each apart)."""
+  if not node.subprograms:   # a draw: its next counters are `_with_counters`' parts
+    return ()
   cache = graph.node_cache("xla working set at " + repr(sorted(env.items())))
   if node not in cache:
     best: tuple[int, ...] = ()
@@ -160,7 +171,7 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       if not n:
         continue
       stored = _stored(body, True, streamed, carried, sliced)
-      size = graph.bytes_at(env, body.value_ids())
+      size, draws = _with_counters(graph, stored, graph.bytes_at(env, body.value_ids()))
       start, end = stored.live_ranges(np.arange(n))
       sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
@@ -169,16 +180,46 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       np.add.at(live, end + 1, -sizes)
       live = np.cumsum(live)[:n]
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
-      for i, x in stored.dot_copies:
-        if size[x]:
-          inner[i] = inner.get(i, ()) + (size[x],)
+      for i, b in [(i, size[x]) for i, x in stored.dot_copies] + list(draws):
+        if b:
+          inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
         live[i] += sum(parts)
+      hoisted = _hoisted_counters(graph, stored, size) if node.name != "cond" else ()
+      live += sum(hoisted)
       p = int(live.argmax())
       if live[p] > sum(best):
-        best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ())
+        best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ()) + hoisted
     cache[node] = best
   return cache[node]
+
+
+def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int]
+                   ) -> tuple[dict[int, int], list[tuple[int, int]]]:
+  """(`size` with each random draw stored as XLA stores it, [(node, bytes)] of the
+  temporaries each draw needs while it runs): JAX's Threefry makes each element from a
+  pair of 32-bit counter words (`memory.DRAW_BYTES_PER_ELEMENT`), and XLA keeps both
+  counter arrays until the readers that combine them, which fuse the combination
+  (and the mask a dropout makes of it) into their own loops; the next round's pair is
+  held beside them while the draw runs."""
+  if not stored.draws:
+    return size, []
+  size, parts = dict(size), []   # (bytes_at's dict is the graph's own)
+  for i, v in stored.draws:
+    pair = memory.DRAW_BYTES_PER_ELEMENT // 2 * (size[v] // graph.values[v].itemsize)
+    size[v] = pair
+    parts += [(i, pair // 2), (i, pair // 2)]
+  return size, parts
+
+
+def _hoisted_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int]
+                      ) -> tuple[int, ...]:
+  """The buffers a loop body's draws read that XLA hoists out of the loop: a draw's
+  first counters are an iota of each word, the same in every iteration, so XLA computes
+  them once before the loop and stores them for its run, one pair per element count
+  (equal ones are one computation)."""
+  counts = {size[v] // (memory.DRAW_BYTES_PER_ELEMENT // 2) for _, v in stored.draws}
+  return tuple(b for c in sorted(counts) for b in (4 * c, 4 * c))
 
 
 def _free_dims(program: Program, node: Node) -> list[list[int]]:
@@ -245,6 +286,8 @@ class _Stored:
   in_place: tuple[tuple[int, int], ...] = ()   # (value, an operand it may overwrite),
                                                #   indices into `owned`, in dataflow order
   dot_copies: tuple[tuple[int, int], ...] = ()   # (node, value id): `_copied_operands`
+  draws: tuple[tuple[int, int], ...] = ()        # (node, value id): random draws' results
+  working: tuple[Node, ...] = ()                 # nodes with a working set (memory's)
 
   def live_ranges(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first step, last step) of each owned buffer, in positions of an order (`pos`:
@@ -325,7 +368,10 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
   stored = _Stored(owned, np.asarray(made_by, np.int64),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
                    np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place,
-                   _copied_operands(program) if fusion else ())
+                   _copied_operands(program) if fusion else (),
+                   tuple((n.index, n.outputs[0]) for n in program.nodes
+                         if fusion and n.name == "random_bits" and n.outputs[0] in index),
+                   tuple(n for n in program.nodes if memory.has_working_set(n)))
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
