@@ -1,6 +1,7 @@
 """Fencing an order into XLA: same numbers as jax.jit, barriers survive compilation."""
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 import jax_symmem as symmem
@@ -30,3 +31,35 @@ def test_fenced_order_computes_what_jit_computes_and_keeps_barriers():
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
   # Without the option XLA:CPU drops the barriers (DESIGN.md F1): the option is what keeps them.
   assert "opt-barrier" not in fn.lower(*flat).compile().as_text()
+
+
+def test_pinned_draws_hold_their_counters_only_while_they_run():
+  """A planned round pins its large random draws where its order puts them: XLA can no
+  longer compute a draw's first counters as soon as the key is ready and hold them until
+  its scheduler reaches the draw, so its footprint falls; the numbers stay jax.jit's."""
+  from jax_symmem._src import interpret, tracing, variants
+  from tests.test_remat import _DropoutNet, _dropout_step
+  params = _DropoutNet().init(jax.random.key(0), jnp.ones((1, 4, 32)))["params"]
+  key = jax.random.key(1)
+  x = jnp.asarray(np.random.RandomState(0).randn(4, 512, 32).astype(np.float32))
+  a = symmem.analyze(_dropout_step, params, x, key, polymorphic_shapes=(None, "b, s, 32", None),
+                     constraints=("b <= 4", "s <= 512"))
+  k, dims = len(a.rounds) - 1, {"b": 4, "s": 512}
+  r, env = a.rounds[k], a.graph.constraints.complete(dims)
+  draws = [n for n in r.program.nodes if n.name == "random_bits"]
+  elements = lambda v: r.graph.evaluate(v, **dims) // r.graph.values[v].itemsize
+  big = {n.index for n in draws if 16 * elements(n.outputs[0]) >= fence.MIN_BYTES}
+  pinned = fence.pinned_draws(r.graph, r.program, env, fence.MIN_BYTES)
+  assert pinned == big and pinned
+  assert fence.pinned_draws(r.graph, r.program, a.graph.constraints.complete({"b": 1, "s": 8}),
+                            fence.MIN_BYTES) == frozenset()   # small draws stay XLA's
+
+  flat = jax.tree_util.tree_leaves((params, x, key))
+  options = variants.round_options(a, k)
+  program, order = tracing.specialize_program(r.program, env), a.round_order(k, dims)
+  loose = jax.jit(lambda *z: tuple(interpret.run(program, z, order))).lower(*flat).compile(options)
+  held = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(options)
+  assert variants.footprint(held) < variants.footprint(loose)
+  want = jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))
+  for got, w in zip(held(*flat), want):
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)

@@ -19,6 +19,7 @@ from typing import Callable, Mapping, Sequence
 from absl import logging
 
 from jax_symmem._src import collector
+from jax_symmem._src import fence
 from jax_symmem._src import memory
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
@@ -192,13 +193,16 @@ class Analysis:
   def round_footprint(self, k: int, dims: Mapping[str, int]) -> int:
     """XLA's footprint of round k at dims, predicted from the model's live ranges
     (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
-    out, each output in an allocation of its own held to the end)."""
+    out, each output in an allocation of its own held to the end; a planned round's
+    large random draws pinned, as `variants` compiles them)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_dims(dims)
       r = self.rounds[k]
+      pinned = () if k == self.as_written_round else fence.pinned_draws(
+          r.graph, r.program, self.graph.constraints.complete(dims), fence.MIN_BYTES)
       self._round_footprints[key] = xla_buffers.footprint_at(
-          r.graph, dims, r.program, self.round_order(k, dims))
+          r.graph, dims, r.program, self.round_order(k, dims), pinned=pinned)
     return self._round_footprints[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:

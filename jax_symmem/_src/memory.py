@@ -59,6 +59,12 @@ ALIAS_RULES: dict[str, Callable[[Node], Mapping[int, int]]] = {
 DRAW_BYTES_PER_ELEMENT = 16
 
 
+def elements_at(graph: ShapeGraph, value: int, env: Mapping[str, int]) -> int:
+  """The number of elements of `value` at the complete dims `env`."""
+  info = graph.values[value]
+  return graph.bytes(value).evaluate(env) // info.itemsize if info.itemsize else 0
+
+
 def _draw_working_set(graph: ShapeGraph, node: Node) -> Poly:
   (out,) = node.outputs
   elements = graph.constraints.reduce(product(graph.values[out].dims))

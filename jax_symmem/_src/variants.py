@@ -63,7 +63,7 @@ MAX_RECOMPILES = 3
 # 0.258 s, same 257.2 MiB XLA footprint; unrolled Llama 0.248 vs 0.240 s, 236.2 vs
 # 237.2 MiB; jax.jit 0.258 / 0.246 s).
 FAST_PATH_CPU_OPTIONS = dict(XNNPACK_DOTS)
-IMPOSE_MIN_BYTES = 2**20
+IMPOSE_MIN_BYTES = fence.MIN_BYTES
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,6 +115,11 @@ def fenced_recomputation(analysis, k: int) -> bool:
   return any(n.name == "optimization_barrier" for _, n in analysis.rounds[k].program.walk())
 
 
+def draws_in(analysis, k: int) -> bool:
+  """Whether round k's program makes random draws at its top level (which it pins)."""
+  return any(n.name == "random_bits" for n in analysis.rounds[k].program.nodes)
+
+
 def rewrites_a_scan_body(analysis, k: int) -> bool:
   """Whether rounds 1..k evict anything inside a scan body (`BodyEviction`s)."""
   return any(isinstance(r, body_remat.BodyEviction)
@@ -126,7 +131,10 @@ def round_options(analysis, k: int, platform: str = "cpu") -> dict:
   if platform != "cpu":
     return dict(GPU_COMPILER_OPTIONS)
   if k == 0:
-    return dict(FAST_PATH_CPU_OPTIONS)
+    options = dict(FAST_PATH_CPU_OPTIONS)
+    if k != analysis.as_written_round and draws_in(analysis, k):   # pinned draws' fences
+      options.update(fence.FENCE_COMPILER_OPTIONS)
+    return options
   options = dict(CPU_COMPILER_OPTIONS)
   if fenced_recomputation(analysis, k) or rewrites_a_scan_body(analysis, k):
     del options[SCHEDULER_OPTION]   # the default scheduler keeps the recomputation late
@@ -161,10 +169,20 @@ def _flat_function(traced) -> Callable:
 
 
 def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
+  """Round k's program at dims, its large random draws pinned where its order puts them
+  (`fence.pinned_draws`; `Analysis.round_footprint` predicts that)."""
   env = analysis.graph.constraints.complete(dims)
-  program = tracing.specialize_program(analysis.rounds[k].program, env)
+  r = analysis.rounds[k]
+  program = tracing.specialize_program(r.program, env)
   order = analysis.round_order(k, dims)
-  return lambda *a: tuple(interpret.run(program, a, order))
+  draws = fence.pinned_draws(r.graph, r.program, env, IMPOSE_MIN_BYTES)
+  if not draws:
+    return lambda *a: tuple(interpret.run(program, a, order))
+  sizes = r.graph.bytes_at(env, r.program.value_ids())
+  run = fence.ordered_function(program, order,
+                               fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES),
+                               pinned=draws)
+  return lambda *a: tuple(run(*a))
 
 
 def _runner(analysis, k, dims, env, policy: CompilePolicy, options: dict):
@@ -177,9 +195,10 @@ def _runner(analysis, k, dims, env, policy: CompilePolicy, options: dict):
   # Chain nodes whose results take >= 1 MiB through optimization barriers so XLA
   # follows our order (off by default: XLA's memory-optimized scheduler did as
   # well or better at 3 of 5 lengths in experiments/bench_fence.py).
-  sizes = {v: r.graph.bytes(v).evaluate(env) for v in r.graph.values}
+  sizes = r.graph.bytes_at(env, r.program.value_ids())
   run = fence.ordered_function(program, order,
-                               fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES))
+                               fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES)
+                               | fence.pinned_draws(r.graph, r.program, env, IMPOSE_MIN_BYTES))
   return (lambda *a: tuple(run(*a))), dict(options, **fence.FENCE_COMPILER_OPTIONS)
 
 

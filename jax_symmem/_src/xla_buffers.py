@@ -98,15 +98,17 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
-                 order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True) -> int:
+                 order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True,
+                 pinned: Iterable[int] = ()) -> int:
   """XLA's footprint of `program` run in `order` at concrete dims: arguments, every
   output's own allocation and the heap of the temporaries that fit in none (the values
-  XLA fuses away left out, unless `fusion` is False)."""
+  XLA fuses away left out, unless `fusion` is False). `pinned`: the random draws held
+  in place by fences (`fence.pinned_draws`)."""
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
   stored = _stored(program, fusion)
-  size, draws = _with_counters(graph, stored, size)
+  size, draws = _with_counters(graph, stored, size, frozenset(pinned))
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
   start, end = stored.live_ranges(pos)
@@ -194,21 +196,26 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
   return cache[node]
 
 
-def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int]
+def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int],
+                   pinned: frozenset[int] = frozenset()
                    ) -> tuple[dict[int, int], list[tuple[int, int]]]:
   """(`size` with each random draw stored as XLA stores it, [(node, bytes)] of the
   temporaries each draw needs while it runs): JAX's Threefry makes each element from a
-  pair of 32-bit counter words (`memory.DRAW_BYTES_PER_ELEMENT`), and XLA keeps both
-  counter arrays until the readers that combine them, which fuse the combination
-  (and the mask a dropout makes of it) into their own loops; the next round's pair is
-  held beside them while the draw runs."""
+  pair of 32-bit counter words (`memory.DRAW_BYTES_PER_ELEMENT` with the next round's
+  pair beside them while it runs). XLA keeps both counter arrays until the readers that
+  combine them, which fuse the combination (and the mask a dropout makes of it) into
+  their own loops; a draw `pinned` by a fence has its result made (one word per
+  element) and stored for its readers instead, the counters gone when it ends."""
   if not stored.draws:
     return size, []
   size, parts = dict(size), []   # (bytes_at's dict is the graph's own)
   for i, v in stored.draws:
-    pair = memory.DRAW_BYTES_PER_ELEMENT // 2 * (size[v] // graph.values[v].itemsize)
-    size[v] = pair
-    parts += [(i, pair // 2), (i, pair // 2)]
+    word = 4 * (size[v] // graph.values[v].itemsize)
+    if i in pinned:
+      parts += [(i, word), (i, word), (i, 2 * word - size[v])]
+    else:
+      size[v] = 2 * word
+      parts += [(i, word), (i, word)]
   return size, parts
 
 
