@@ -63,3 +63,32 @@ def test_pinned_draws_hold_their_counters_only_while_they_run():
   want = jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))
   for got, w in zip(held(*flat), want):
     np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)
+
+
+def test_a_pinned_draws_mask_is_stored_in_place_of_its_bits(monkeypatch):
+  """What a dropout keeps for the backward pass is its boolean mask: stored from the
+  fence (`fence.kept_values`), one byte per element, where XLA would otherwise keep the
+  draw's 32-bit result and recompute the mask in each reader. Where a round keeps masks
+  across its peak, XLA's footprint falls; the numbers stay jax.jit's."""
+  from jax_symmem._src import variants
+  from tests.test_remat import _DropoutNet, _dropout_step
+  params = _DropoutNet().init(jax.random.key(0), jnp.ones((1, 4, 32)))["params"]
+  key = jax.random.key(1)
+  x = jnp.asarray(np.random.RandomState(0).randn(4, 512, 32).astype(np.float32))
+  a = symmem.analyze(_dropout_step, params, x, key, polymorphic_shapes=(None, "b, s, 32", None),
+                     constraints=("b <= 4", "s <= 512"))
+  k, dims = len(a.rounds) // 2, {"b": 4, "s": 512}
+  r = a.rounds[k]
+  pinned = fence.pinned_draws(r.graph, r.program, a.graph.constraints.complete(dims),
+                              fence.MIN_BYTES)
+  kept = fence.kept_values(r.program, pinned)
+  assert set(kept) == pinned and all(r.graph.values[v].dtype == "bool" for v in kept.values())
+  flat = jax.tree_util.tree_leaves((params, x, key))
+  options = variants.round_options(a, k)
+  masks = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(options)
+  monkeypatch.setattr(fence, "kept_values", lambda program, pinned: {})
+  bits = jax.jit(variants.round_function(a, k, dims)).lower(*flat).compile(options)
+  assert variants.footprint(masks) < variants.footprint(bits)
+  want = jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))
+  for got, w in zip(masks(*flat), want):
+    np.testing.assert_allclose(got, w, rtol=1e-5, atol=1e-6)

@@ -194,15 +194,16 @@ class Analysis:
     """XLA's footprint of round k at dims, predicted from the model's live ranges
     (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
     out, each output in an allocation of its own held to the end; a planned round's
-    large random draws pinned, as `variants` compiles them)."""
+    large random draws pinned and their masks stored, as `variants` compiles them)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_dims(dims)
       r = self.rounds[k]
-      pinned = () if k == self.as_written_round else fence.pinned_draws(
+      pinned = frozenset() if k == self.as_written_round else fence.pinned_draws(
           r.graph, r.program, self.graph.constraints.complete(dims), fence.MIN_BYTES)
       self._round_footprints[key] = xla_buffers.footprint_at(
-          r.graph, dims, r.program, self.round_order(k, dims), pinned=pinned)
+          r.graph, dims, r.program, self.round_order(k, dims), pinned=pinned,
+          kept=fence.kept_values(r.program, pinned).values())
     return self._round_footprints[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:

@@ -170,7 +170,8 @@ def _flat_function(traced) -> Callable:
 
 def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
   """Round k's program at dims, its large random draws pinned where its order puts them
-  (`fence.pinned_draws`; `Analysis.round_footprint` predicts that)."""
+  and the masks made of them stored (`fence.pinned_draws`, `fence.kept_values`;
+  `Analysis.round_footprint` predicts that)."""
   env = analysis.graph.constraints.complete(dims)
   r = analysis.rounds[k]
   program = tracing.specialize_program(r.program, env)
@@ -181,7 +182,7 @@ def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable
   sizes = r.graph.bytes_at(env, r.program.value_ids())
   run = fence.ordered_function(program, order,
                                fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES),
-                               pinned=draws)
+                               pinned=draws, kept=fence.kept_values(program, draws))
   return lambda *a: tuple(run(*a))
 
 

@@ -99,15 +99,16 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
                  order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True,
-                 pinned: Iterable[int] = ()) -> int:
+                 pinned: Iterable[int] = (), kept: Iterable[int] = ()) -> int:
   """XLA's footprint of `program` run in `order` at concrete dims: arguments, every
   output's own allocation and the heap of the temporaries that fit in none (the values
   XLA fuses away left out, unless `fusion` is False). `pinned`: the random draws held
-  in place by fences (`fence.pinned_draws`)."""
+  in place by fences (`fence.pinned_draws`); `kept`: values a fence makes XLA store
+  (`fence.kept_values`), never fused into their readers."""
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  stored = _stored(program, fusion)
+  stored = _stored(program, fusion, kept=frozenset(kept))
   size, draws = _with_counters(graph, stored, size, frozenset(pinned))
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
@@ -319,17 +320,18 @@ class _Stored:
 
 
 def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
-            carried: frozenset = frozenset(), sliced: frozenset = frozenset()) -> _Stored:
+            carried: frozenset = frozenset(), sliced: frozenset = frozenset(),
+            kept: frozenset = frozenset()) -> _Stored:
   """`streamed`: results the caller copies out as soon as they are made (a scan body's
   per-iteration outputs, which XLA writes into their stacked buffers): temporaries, unless
   also `carried` (the loop's next state), which live to the body's end when stored.
   `sliced`: inputs that are one iteration's slice of a stacked operand, stored (from
   their first reader to their last) where a reader cannot compute the slice itself."""
-  key = (id(program), fusion, streamed, carried, sliced)
+  key = (id(program), fusion, streamed, carried, sliced, kept)
   hit = _STORED.get(key)
   if hit is not None and hit[0] is program:
     return hit[1]
-  fused = fused_values(program, streamed, carried) if fusion else {}
+  fused = fused_values(program, streamed, carried, kept) if fusion else {}
   dataflow = _topological(program) if fusion else []
   via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
   if fused:   # in dataflow order: chains of fused values can be thousands long
@@ -387,14 +389,15 @@ _STORED: dict = {}
 
 
 def fused_values(program: Program, streamed: frozenset = frozenset(),
-                 carried: frozenset = frozenset()) -> dict[int, tuple[int, ...]]:
+                 carried: frozenset = frozenset(),
+                 kept: frozenset = frozenset()) -> dict[int, tuple[int, ...]]:
   """The values XLA computes inside their readers -> the values they read.
 
   A loop body's `streamed` results (copied into their stacked buffers as they are made)
   and `carried` results (written into the loop's state) are read by that copy too, which
   can compute them. A cheap value fused into several readers is computed in each, so an
   expensive value it reads is computed once per reader's loop: read by more than one
-  loop, it is stored."""
+  loop, it is stored. `kept` values are stored (a fence holds them)."""
   readers: dict[int, list[Node]] = {}
   for node in program.nodes:
     for x in set(node.operands):
@@ -410,7 +413,7 @@ def fused_values(program: Program, streamed: frozenset = frozenset(),
     loops[v] = (v in streamed) + (v in carried) + sum(
         loops[r.outputs[0]] if r.outputs and r.outputs[0] in fused else 1 for r in rs)
     takers = FUSES_INTO if node.operands else _TAKE_CONSTANTS   # a constant, broadcast
-    if (node.name not in FUSIBLE or v in results or not loops[v]
+    if (node.name not in FUSIBLE or v in results or v in kept or not loops[v]
         or not all(r.name in takers for r in rs)
         or (node.name in EXPENSIVE and (loops[v] > 1 or any(r.name in REUSES for r in rs)))):
       continue
