@@ -9,7 +9,8 @@ XLA:CPU removes barriers early unless its `cse_barrier_expander` pass is
 disabled (F1), so compile with `FENCE_COMPILER_OPTIONS`.
 
 Under a budget, the rounds jax_symmem plans pin their large random draws this way
-(`pinned_draws`), whatever the scheduler does with the rest.
+(`pinned_draws`), whatever the scheduler does with the rest, and store the mask each
+draw makes from that fence (`kept_values`).
 """
 
 from __future__ import annotations

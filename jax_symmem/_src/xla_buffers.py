@@ -50,7 +50,8 @@ A random draw is stored as XLA stores it (`_with_counters`): Threefry's two coun
 per element, held until the readers that combine them (which fuse the combination and a
 dropout's mask into their loops, so the mask is never stored), the next round's pair
 beside them while it runs, and in a loop body the first counters, which XLA hoists out
-of the loop.
+of the loop. A draw a planned round pins (`fence.pinned_draws`) stores its one-word
+result until its mask is made, and the mask (`fence.kept_values`) is stored.
 
 Arguments are allocated apart (entry parameters); an output the caller receives in a
 donated argument's buffer allocates nothing of its own (paired by size, as JAX aliases
