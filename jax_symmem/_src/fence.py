@@ -21,36 +21,32 @@ import jax
 
 from jax_symmem._src import interpret
 from jax_symmem._src import memory
-from jax_symmem._src.ir import Const, Program
 from jax_symmem._src import shape_graph
+from jax_symmem._src import xla_buffers
+from jax_symmem._src.ir import Const, Program
 from jax_symmem._src.shape_graph import ShapeGraph
 
 FENCE_COMPILER_OPTIONS = {"xla_disable_hlo_passes": "cse_barrier_expander"}
 # Nodes whose results (a draw: its counters) take less are left where XLA puts them.
 MIN_BYTES = 2**20
-# Ops that read each operand element where they write it, keeping the element count.
-ELEMENTWISE = frozenset("""
-    abs add and bitcast_convert_type ceil clamp convert_element_type div eq exp floor ge gt
-    integer_pow le log lt max min mul ne neg not or reshape round select_n shift_left
-    shift_right_arithmetic shift_right_logical sign sub xor""".split())
 
 
 def ordered_function(program: Program, order: Sequence[int], significant: Iterable[int],
                      pinned: Iterable[int] | None = None,
-                     kept: Mapping[int, int] | None = None) -> Callable[..., list[Any]]:
+                     kept: Iterable[int] = ()) -> Callable[..., list[Any]]:
   """`fn(*flat_args) -> flat outputs` that runs `program` with `order` fenced on `significant` nodes.
 
   `pinned` (default: every significant node) are the nodes held in place: each waits for
   the results of the significant node before it, and the significant node after it waits
   for its results. Significant nodes that are not pinned only mark those positions.
-  `kept`: pinned node -> a value made from its results after it (`kept_values`) that the
+  `kept`: values made from a pinned node's results after it (`kept_values`) that the
   next significant node waits for instead, and that every later reader reads from that
   barrier: XLA stores it there rather than recomputing it from the pinned node's results
   in each reader (which would keep those alive as long).
   """
   pinned = frozenset(significant) if pinned is None else frozenset(pinned)
   significant = frozenset(significant) | pinned
-  kept_ids = frozenset((kept or {}).values())
+  kept = frozenset(kept)
 
   def fn(*flat_args):
     env = dict(zip(program.inputs, flat_args))
@@ -72,8 +68,8 @@ def ordered_function(program: Program, order: Sequence[int], significant: Iterab
       if i in significant:
         previous = tuple(outs)
         pending = tuple(node.outputs) if i in pinned else ()
-      if kept_ids.intersection(node.outputs):   # made after its pinned node: waited for instead
-        pending = tuple(v for v in node.outputs if v in kept_ids)
+      if kept.intersection(node.outputs):   # made after its pinned node: waited for instead
+        pending = tuple(v for v in node.outputs if v in kept)
     return [read(x) for x in program.outputs]
 
   return fn
@@ -95,12 +91,15 @@ def kept_values(program: Program, pinned: Iterable[int]) -> dict[int, int]:
   out = {}
   for i in pinned:
     v = best = program.nodes[i].outputs[0]
-    while len(rs := readers.get(v, ())) == 1 and rs[0].name in ELEMENTWISE and len(rs[0].outputs) == 1:
+    while (len(rs := readers.get(v, ())) == 1 and rs[0].name in xla_buffers.IN_PLACE
+           and len(rs[0].outputs) == 1):
       v = rs[0].outputs[0]
       if itemsize(v) <= itemsize(best):
         best = v
     out[i] = best
   return out
+
+
 def pinned_draws(graph: ShapeGraph, program: Program, env: Mapping[str, int],
                  min_bytes: int) -> frozenset[int]:
   """The random draws of `program` (top level) whose Threefry counters take at least

@@ -83,6 +83,11 @@ def has_working_set(node: Node) -> bool:
   return bool(node.subprograms) or node.name in WORKING_SET_RULES
 
 
+def working_nodes(program: Program) -> tuple[Node, ...]:
+  """The nodes of `program` with a working set (`has_working_set`), in node order."""
+  return tuple(n for n in program.nodes if has_working_set(n))
+
+
 def aliased_operands(node: Node) -> Mapping[int, int]:
   """{output index: operand index} of the outputs that share an operand's buffer."""
   rule = ALIAS_RULES.get(node.name)
@@ -391,7 +396,7 @@ def _buffer_layout(program: Program, donated: frozenset) -> _BufferLayout:
   layout = _BufferLayout(tuple(read_buffers.tolist()), use_node, use_buf,
                          owned_node, tuple(owned_value.tolist()),
                          owned_node[dead], tuple(owned_value[dead].tolist()),
-                         tuple(n for n in nodes if has_working_set(n)), len(nodes))
+                         working_nodes(program), len(nodes))
   _remember(_LAYOUTS, key, (program, layout))
   return layout
 

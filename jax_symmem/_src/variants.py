@@ -182,7 +182,7 @@ def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable
   sizes = r.graph.bytes_at(env, r.program.value_ids())
   run = fence.ordered_function(program, order,
                                fence.significant_nodes(sizes, program, IMPOSE_MIN_BYTES),
-                               pinned=draws, kept=fence.kept_values(program, draws))
+                               pinned=draws, kept=fence.kept_values(program, draws).values())
   return lambda *a: tuple(run(*a))
 
 

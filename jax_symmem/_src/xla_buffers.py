@@ -175,7 +175,8 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       if not n:
         continue
       stored = _stored(body, True, streamed, carried, sliced)
-      size, draws = _with_counters(graph, stored, graph.bytes_at(env, body.value_ids()))
+      value_bytes = graph.bytes_at(env, body.value_ids())
+      size, draws = _with_counters(graph, stored, value_bytes)
       start, end = stored.live_ranges(np.arange(n))
       sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
@@ -189,7 +190,7 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
           inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
         live[i] += sum(parts)
-      hoisted = _hoisted_counters(graph, stored, size) if node.name != "cond" else ()
+      hoisted = _hoisted_counters(graph, stored, value_bytes) if node.name != "cond" else ()
       live += sum(hoisted)
       p = int(live.argmax())
       if live[p] > sum(best):
@@ -212,7 +213,7 @@ def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int],
     return size, []
   size, parts = dict(size), []   # (bytes_at's dict is the graph's own)
   for i, v in stored.draws:
-    word = 4 * (size[v] // graph.values[v].itemsize)
+    word = 4 * _elements(graph, size, v)
     if i in pinned:
       parts += [(i, word), (i, word), (i, 2 * word - size[v])]
     else:
@@ -226,9 +227,14 @@ def _hoisted_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int]
   """The buffers a loop body's draws read that XLA hoists out of the loop: a draw's
   first counters are an iota of each word, the same in every iteration, so XLA computes
   them once before the loop and stores them for its run, one pair per element count
-  (equal ones are one computation)."""
-  counts = {size[v] // (memory.DRAW_BYTES_PER_ELEMENT // 2) for _, v in stored.draws}
+  (equal ones are one computation). `size`: the values' own bytes."""
+  counts = {_elements(graph, size, v) for _, v in stored.draws}
   return tuple(b for c in sorted(counts) for b in (4 * c, 4 * c))
+
+
+def _elements(graph: ShapeGraph, size: Mapping[int, int], v: int) -> int:
+  """The number of elements of value `v`, from its bytes in `size`."""
+  return size[v] // graph.values[v].itemsize
 
 
 def _free_dims(program: Program, node: Node) -> list[list[int]]:
@@ -381,7 +387,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                    _copied_operands(program) if fusion else (),
                    tuple((n.index, n.outputs[0]) for n in program.nodes
                          if fusion and n.name == "random_bits" and n.outputs[0] in index),
-                   tuple(n for n in program.nodes if memory.has_working_set(n)))
+                   memory.working_nodes(program))
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
