@@ -187,6 +187,20 @@ def _gpt2_dropout(g: Geometry = Geometry()) -> Workload:
       (None, "b, s", "b, s", None))
 
 
+def _gpt2_scan_dropout(g: Geometry = Geometry()) -> Workload:
+  # The dropout GPT-2 with its layers under nn.scan (the dropout stream split per layer,
+  # so each layer draws its own masks inside the scan body); per-layer checkpointing is
+  # nn.remat on the scanned layer.
+  from jax_symmem.examples import gpt2
+  cfg = dataclasses.replace(_gpt2_config(g), dropout=0.1)
+  return _token_workload(
+      "gpt2_scan_dropout", g,
+      lambda policy: gpt2.dropout_train_step_fn(gpt2.GPT2(cfg, policy, scan_layers=True)),
+      lambda: gpt2.init_state(cfg, scan_layers=True),
+      lambda s: (*gpt2.example_batch(cfg, g.batch, s), jax.random.key(s)),
+      (None, "b, s", "b, s", None))
+
+
 def _nnx_scan(g: Geometry = Geometry()) -> Workload:
   from flax import nnx
   from jax_symmem.examples import llama, llama_nnx
@@ -233,7 +247,8 @@ WORKLOADS = {
     "llama_scan": lambda g=Geometry(): _llama(True, g=g),
     "llama_scan_remat": lambda g=Geometry(): _llama(True, annotated=True, g=g),
     "nnx_scan": _nnx_scan, "eqx_scan": _eqx_scan, "gpt2": _gpt2,
-    "gpt2_layerdrop": _gpt2_layerdrop, "gpt2_dropout": _gpt2_dropout, "t5": _t5,
+    "gpt2_layerdrop": _gpt2_layerdrop, "gpt2_dropout": _gpt2_dropout,
+    "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
 }

@@ -12,6 +12,8 @@ a small random config, no download) with AdamW and a masked token loss:
         the real tokens
   mistral  FlaxMistralForCausalLMModule: grouped-query attention, rotary positions, a
         sliding window of 128 (below the longer lengths), padded rows
+  t5_dropout  the same T5 with its config's default dropout (0.1, on the hidden states
+        and the attention probabilities) drawn from a key passed with each batch
   t5_checkpointed, bert_checkpointed  the same T5 and BERT with the library's own
         `gradient_checkpointing=True` (each layer under its `nn.remat`, as a user turns it
         on against running out of memory)
@@ -28,7 +30,7 @@ recomputes every layer at every shape, as `jax.jit` compiles it and with the var
 options (median and fastest of `--passes` interleaved passes): where memory allows, the
 plan runs the step without that recomputation.
 
-  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_checkpointed,bert_checkpointed]
+  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -62,13 +64,13 @@ def _numpy_with_old_clip():
   return compat
 
 
-def _t5(gradient_checkpointing: bool = False):
+def _t5(gradient_checkpointing: bool = False, dropout: float = 0.0):
   from transformers import T5Config
   from transformers.models.t5 import modeling_flax_t5
   modeling_flax_t5.jnp = _numpy_with_old_clip()
   cfg = T5Config(vocab_size=512, d_model=128, d_kv=32, d_ff=256, num_layers=2,
                  num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=32,
-                 relative_attention_max_distance=128, dropout_rate=0.0,
+                 relative_attention_max_distance=128, dropout_rate=dropout,
                  decoder_start_token_id=0, pad_token_id=0)
   module = modeling_flax_t5.FlaxT5ForConditionalGenerationModule(
       cfg, dtype=jnp.float32, gradient_checkpointing=gradient_checkpointing)
@@ -77,19 +79,22 @@ def _t5(gradient_checkpointing: bool = False):
     t = jnp.zeros((1, 4), jnp.int32)
     return module.init(key, t, jnp.ones_like(t), t, jnp.ones_like(t))["params"]
 
-  def loss_fn(params, src, src_mask, tgt, tgt_mask):
+  def loss_fn(params, src, src_mask, tgt, tgt_mask, *key):
+    # With dropout, `key` (one per batch) seeds the masks: training mode, as fine-tuning runs.
     decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
     logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
-                          tgt_mask.astype(jnp.int32), return_dict=False)[0]
+                          tgt_mask.astype(jnp.int32), deterministic=not key, return_dict=False,
+                          rngs={"dropout": key[0]} if key else None)[0]
     return t5.seq2seq_loss(logits, tgt, tgt_mask)
 
   def batch(b, s, rng):
     t = s // 2
-    return (jnp.asarray(rng.randint(1, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32),
-            jnp.asarray(rng.randint(1, 512, (b, t)), jnp.int32), jnp.ones((b, t), jnp.float32))
+    arrays = (jnp.asarray(rng.randint(1, 512, (b, s)), jnp.int32), jnp.ones((b, s), jnp.float32),
+              jnp.asarray(rng.randint(1, 512, (b, t)), jnp.int32), jnp.ones((b, t), jnp.float32))
+    return arrays + ((jax.random.key(rng.randint(2**31)),) if dropout else ())
 
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s, "t": s // 2},
-              shapes=(None, "b, s", "b, s", "b, t", "b, t"),
+              shapes=(None, "b, s", "b, s", "b, t", "b, t") + ((None,) if dropout else ()),
               constraints=("s >= 2", "s <= 512", "t >= 2", "t <= 256", "b <= 4"))
 
 
@@ -214,6 +219,7 @@ def _padding_mask(b, s):
 
 
 MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mistral,
+          "t5_dropout": functools.partial(_t5, dropout=0.1),
           "t5_checkpointed": functools.partial(_t5, gradient_checkpointing=True),
           "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True)}
 # Models whose step holds the library's own remat regions: timed against jax.jit.

@@ -21,6 +21,7 @@ from jax_symmem._src import poly
 from jax_symmem._src import tracing
 from jax_symmem._src import variants
 from jax_symmem._src import xla_buffers
+from jax_symmem.examples import gpt2
 from jax_symmem.examples import llama
 
 
@@ -490,3 +491,33 @@ def test_cond_replays_are_not_reused_across_programs_whose_branches_differ():
   fresh = _gated_variant_analysis(True)
   assert after_plain == (costs(fresh), rounds(fresh))
   assert after_plain[0] != costs(plain)
+
+
+def _draws(program) -> int:
+  """random_bits nodes in a program and its loop and branch bodies."""
+  return sum((n.name == "random_bits") + sum(_draws(p) for p in n.subprograms)
+             for n in program.nodes)
+
+
+def test_a_scanned_dropout_step_replays_its_draws_in_the_backward_body_and_matches_jax_jit():
+  # nn.scan over GPT-2 layers with dropout (the "dropout" stream split per layer): a
+  # draw is a function of its key, so a backward body may draw a layer's masks again
+  # rather than read them stacked, and every round keeps jax.jit's numbers.
+  cfg = gpt2.GPT2Config(vocab=64, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_len=64,
+                        dropout=0.1)
+  state = gpt2.init_state(cfg, scan_layers=True)
+  fn = gpt2.dropout_train_step_fn(gpt2.GPT2(cfg, scan_layers=True))
+  tokens, mask = gpt2.example_batch(cfg, 2, 48)
+  key = jax.random.key(3)
+  analysis = symmem.analyze(fn, state, tokens, mask, key,
+                            polymorphic_shapes=(None, "b, s", "b, s", None),
+                            constraints=("s <= 64", "b <= 2", "s >= 2"))
+  assert _loop_evictions(analysis)
+  last = len(analysis.rounds) - 1
+  assert _draws(analysis.rounds[last].program) > _draws(analysis.rounds[0].program)
+  dims = {"b": 2, "s": 48}
+  ref = jax.jit(fn)(state, tokens, mask, key)
+  for k in sorted({1, last // 2, last}):
+    chex.assert_trees_all_close(_run_round(analysis, k, dims, (state, tokens, mask, key)), ref,
+                                rtol=1e-5, atol=1e-6)
+  assert analysis.round_peak(last, dims) < analysis.round_peak(0, dims)

@@ -19,6 +19,10 @@ skipped with probability p, drawn per layer from the "layerdrop" RNG stream unde
 embeddings, the attention probabilities and each residual branch's output, drawn from
 the "dropout" RNG stream; `dropout_train_step_fn` is its `(state, tokens, mask, key)`
 step.
+
+`GPT2(cfg, scan_layers=True)` stacks the layers' weights and runs them with `nn.scan`
+(each layer draws its own dropout masks: the "dropout" stream is split per layer), as
+large JAX models write it.
 """
 
 from __future__ import annotations
@@ -70,6 +74,15 @@ class Block(nn.Module):
     return x + drop(nn.Dense(cfg.d_model, **dt, name="fc_proj")(nn.gelu(h, approximate=True)))
 
 
+class ScanBlock(nn.Module):
+  """`Block` in `nn.scan`'s (carry, x) -> (carry, y) form."""
+  cfg: GPT2Config
+
+  @nn.compact
+  def __call__(self, x, _):
+    return Block(self.cfg, name="block")(x), None
+
+
 def _dropout(cfg: GPT2Config) -> Callable:
   """Dropout at `cfg.dropout` (a fresh module per call site), or the identity at 0."""
   if not cfg.dropout:
@@ -81,6 +94,7 @@ class GPT2(nn.Module):
   cfg: GPT2Config
   remat_policy: str | None = None
   layer_drop: float = 0.0      # LayerDrop's skip probability per layer (0: every layer runs)
+  scan_layers: bool = False    # nn.scan over stacked layer weights
 
   @nn.compact
   def __call__(self, tokens):
@@ -91,6 +105,15 @@ class GPT2(nn.Module):
     positions = nn.Embed(cfg.max_len, cfg.d_model, **dt,
                          embedding_init=nn.initializers.normal(0.01), name="wpe")
     x = _dropout(cfg)(embed(tokens) + positions(jnp.arange(tokens.shape[1]))[None])
+    if self.scan_layers:
+      if self.layer_drop:
+        raise ValueError("layer_drop needs unrolled layers (scan_layers=False)")
+      layers = nn.scan(llama.remat_block(ScanBlock, self.remat_policy),
+                       variable_axes={"params": 0},
+                       split_rngs={"params": True, "dropout": True},
+                       in_axes=nn.broadcast, length=cfg.n_layers)
+      x, _ = layers(cfg, name="layers")(x, None)
+      return embed.attend(nn.LayerNorm(cfg.norm_eps, **dt, name="ln_f")(x))
     block = llama.remat_block(Block, self.remat_policy)
     for i in range(cfg.n_layers):
       layer = block(cfg, name=f"h_{i}")
@@ -102,9 +125,11 @@ class GPT2(nn.Module):
     return embed.attend(nn.LayerNorm(cfg.norm_eps, **dt, name="ln_f")(x))
 
 
-def init_state(cfg: GPT2Config, seed: int = 0, learning_rate: float = 1e-3) -> dict:
-  """{"params", "opt_state"}: the pytree the step takes and returns."""
-  return llama.init_linen_state(GPT2(cfg), seed, learning_rate)
+def init_state(cfg: GPT2Config, seed: int = 0, learning_rate: float = 1e-3,
+               scan_layers: bool = False) -> dict:
+  """{"params", "opt_state"}: the pytree the step takes and returns (layers stacked for
+  `scan_layers`)."""
+  return llama.init_linen_state(GPT2(cfg, scan_layers=scan_layers), seed, learning_rate)
 
 
 def make_train_step(cfg: GPT2Config, *, learning_rate: float = 1e-3,
