@@ -184,17 +184,49 @@ def python_speed_us() -> float:
   return round(min(loop.repeat(repeat=5, number=200)) / 200 * 1e6, 1)
 
 
+HUGE_PAGES_TUNABLE = "glibc.malloc.hugetlb=1"
+
+
+def huge_pages() -> bool:
+  """Whether glibc's malloc in this process asks for transparent huge pages."""
+  return HUGE_PAGES_TUNABLE in os.environ.get("GLIBC_TUNABLES", "").split(":")
+
+
+def restart_with_huge_pages() -> None:
+  """Restarts this process (same command line) with glibc's malloc asking the kernel for
+  transparent huge pages, unless it does already or the kernel offers none.
+
+  For step timings on the CPU: XLA:CPU allocates a step's large temporaries afresh on
+  every call, glibc maps each from the kernel and the kernel zeroes it 4 KiB page by page
+  on first touch, so with the default a step's time grows with its memory (the unrolled
+  Llama at b=4, s=512: jax.jit 390-531 ms a step in three fresh processes, per-layer
+  checkpointing 369-459; with huge pages 306-357 and 336-386, as their FLOPs order them;
+  README, "Models as people write them"). A device's pool allocator pays no such cost.
+  Real peaks are measured without it (jax_symmem.measure drops the setting)."""
+  mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
+  if huge_pages() or not mode.exists() or "[never]" in mode.read_text():
+    return
+  tunables = ":".join(filter(None, [os.environ.get("GLIBC_TUNABLES"), HUGE_PAGES_TUNABLE]))
+  spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+  argv = ([sys.executable, "-m", spec.name] if spec is not None
+          else [sys.executable, sys.argv[0]]) + sys.argv[1:]
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os.execve(sys.executable, argv, dict(os.environ, GLIBC_TUNABLES=tunables))
+
+
 def environment(python_loop_us: float | None = None) -> dict:
   """Versions, platform, CPUs, load average and Python speed (`python_speed_us`, measured
-  here unless given) of this machine (no host name), and whether the planner evicts layers
-  whole (`remat.LAYER_GROUPS`: JAX_SYMMEM_LAYER_GROUPS=0 turns it off)."""
+  here unless given) of this machine (no host name), whether the planner evicts layers
+  whole (`remat.LAYER_GROUPS`: JAX_SYMMEM_LAYER_GROUPS=0 turns it off) and whether malloc
+  asks for huge pages (`restart_with_huge_pages`)."""
   from jax_symmem._src import remat
   return {"python": platform.python_version(), "jax": package_version("jax"),
           "jaxlib": package_version("jaxlib"), "flax": package_version("flax"),
           "platform": platform.platform(), "machine": platform.machine(),
           "cpus": os.cpu_count(), "load_average": list(os.getloadavg()),
           "python_loop_us": python_speed_us() if python_loop_us is None else python_loop_us,
-          "layer_groups": remat.LAYER_GROUPS}
+          "layer_groups": remat.LAYER_GROUPS, "huge_pages": huge_pages()}
 
 
 def command() -> str:

@@ -22,7 +22,11 @@ Real peaks follow DESIGN.md F3 (jax_symmem.measure: a fresh process per figure,
 peak above resident memory plus the argument bytes). Step times are measured in
 one process, interleaved: each pass runs every variant once on the same batch;
 the median over passes is reported, and beside it the ratio of the fastest
-passes (`*_min`: on a shared machine other processes only add time).
+passes (`*_min`: on a shared machine other processes only add time). On the CPU the
+timing process restarts itself with glibc's malloc on transparent huge pages
+(`_common.restart_with_huge_pages`: with 4 KiB pages the kernel's zeroing of each
+step's fresh temporaries makes time grow with memory); `--nohuge_pages` times as
+before 2026-12-03 (night).
 
     python -m experiments.bench_models                 # every workload
     python -m experiments.bench_models --workloads=llama_scan,t5 --passes=5
@@ -80,6 +84,9 @@ GEOMETRIES = {
                     lengths=(512, 1024, 2048)),
 }
 WORKLOADS_FLAG = flags.DEFINE_list("workloads", None, "subset of workloads (default: all)")
+HUGE_PAGES = flags.DEFINE_bool(
+    "huge_pages", True, "on the CPU, time in a process whose malloc asks for transparent huge "
+    "pages (GLIBC_TUNABLES=glibc.malloc.hugetlb=1; real peaks are measured without)")
 GEOMETRY = flags.DEFINE_enum("geometry", "cpu", list(GEOMETRIES), "the steps' sizes")
 PASSES = flags.DEFINE_integer("passes", 3, "interleaved timing passes per shape")
 QUICK = flags.DEFINE_bool("quick", False, "smoke run: lengths divided by 4")
@@ -433,6 +440,8 @@ def run_workload(w: Workload, passes: int) -> dict:
 
 def main(argv):
   del argv
+  if HUGE_PAGES.value and _platform() == "cpu":
+    _common.restart_with_huge_pages()   # step times without page faults (see there)
   names = WORKLOADS_FLAG.value or list(WORKLOADS)
   # The fresh measuring processes replay this one's plans (and, off the CPU, where
   # compiling is slow, its executables) instead of planning and compiling again.

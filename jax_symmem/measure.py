@@ -101,6 +101,10 @@ def _child(spec: str, kwargs: Mapping[str, Any]) -> None:
 def measure(spec: str, timeout: float = 600, **kwargs) -> Measurement:
   """Runs workload `spec` ("module:function") in a fresh process and measures its peak."""
   env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MMAP_THRESHOLD)
+  # The protocol's malloc: without huge pages (a timing parent may ask for them).
+  tunables = [t for t in env.get("GLIBC_TUNABLES", "").split(":")
+              if t and not t.startswith("glibc.malloc.hugetlb")]
+  env["GLIBC_TUNABLES"] = ":".join(tunables)
   env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")   # a device allocator grows as used
   env["PYTHONPATH"] = os.pathsep.join([os.getcwd()] + [p for p in sys.path if p])
   code = ("import json, sys\nfrom jax_symmem import measure\n"
