@@ -329,8 +329,13 @@ def main(argv=None) -> int:
                         "symmem.jit(speed_trials=True): a shape that comes back also times the "
                         "last round (for a checkpointed model the step as written) and keeps "
                         "the faster")
+  _common.add_bool_flag(parser, "huge_pages", True,
+                        "on the CPU, time in a process whose malloc asks for transparent huge "
+                        "pages (_common.restart_with_huge_pages)")
   parser.add_argument("--out", default="experiments/results/third_party.json")
   args = parser.parse_args(argv)
+  if args.huge_pages and argv is None and jax.devices()[0].platform == "cpu":
+    _common.restart_with_huge_pages()
   fractions = [float(f) for f in args.fractions.split(",")]
   results = {"transformers": _common.package_version("transformers"), "batch": BATCH,
              "speed_trials": args.speed_trials,
