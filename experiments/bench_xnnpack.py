@@ -11,7 +11,7 @@ peaks do not, the fusions hold memory XLA's figure cannot see (F2), so a budget
 checked against it would not hold.
 
   python -m experiments.bench_xnnpack [--workload llama_scan] [--length 512] [--rounds 0,4,-1]
-      [--fusions off,default,dot]
+      [--fusions off,default,dot,individual_dot,individual_dot_eltwise]
 
 Writes experiments/results/bench_xnnpack.json (or --out).
 """
@@ -32,7 +32,10 @@ YNN_OFF = "xla_cpu_experimental_ynn_fusion_type"
 
 
 FUSION_TYPES = {"off": "", "default": None, "dot": "LIBRARY_FUSION_TYPE_DOT",
-                "individual_dot": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+                "individual_dot": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT",
+                # single dots, and chains of elementwise ops (with the dot they start from)
+                "individual_dot_eltwise": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT,"
+                                          "LIBRARY_FUSION_TYPE_ELTWISE"}
 
 
 def measured(workload: str, length: int, k: int, fusions: str):
