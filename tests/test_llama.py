@@ -1,11 +1,13 @@
 """The Flax examples: the one-flag switch to symmem.jit keeps the numbers, bucketing, tracing."""
 
+import dataclasses
 import gc
 from unittest import mock
 
 import chex
 from flax import nnx
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -222,21 +224,24 @@ def test_nnx_scanned_layers_under_a_tight_budget_match_jax_jit_with_the_same_opt
   chex.assert_trees_all_close(got, ref(state, tokens, mask), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("module,remat_policy", [(llama, None), (gpt2, "layer")])
-def test_symmem_trace_of_the_flax_steps(module, remat_policy):
+@pytest.mark.parametrize("module,remat_policy,scan_layers",
+                         [(llama, None, False), (gpt2, "layer", False), (gpt2, None, True)])
+def test_symmem_trace_of_the_flax_steps(module, remat_policy, scan_layers):
   cfg = module.PRESETS["tiny"]
-  state = jax.eval_shape(lambda: module.init_state(cfg, seed=0))
+  state = jax.eval_shape(lambda: module.init_state(cfg, seed=0, scan_layers=scan_layers))
   tokens, mask = jax.eval_shape(lambda: module.example_batch(cfg, 2, 8))   # traced, never run
-  step = module.make_train_step(cfg, remat_policy=remat_policy)
+  step = module.make_train_step(cfg, remat_policy=remat_policy, scan_layers=scan_layers)
   traced = symmem.trace(step, state, tokens, mask, polymorphic_shapes=SHAPES,
                         constraints=llama.step_constraints(cfg.max_len, MAX_BATCH))
   assert traced.dims == ("b", "s")
   graph = symmem.shape_graph(traced)
   assert not graph.implied   # every op relation already holds: nothing new about b, s
-  # The largest value is an attention-sized b * heads * s^2 buffer at the longest length.
+  # The largest value is an attention-sized b * heads * s^2 buffer at the longest length
+  # (scanned: the forward scan's stack of every layer's).
   (top,) = graph.largest(1)
   b, s = symmem.Poly.var("b"), symmem.Poly.var("s")
-  assert graph.bytes(top.id) == 4 * cfg.n_heads * b * s**2
+  layers = cfg.n_layers if scan_layers else 1
+  assert graph.bytes(top.id) == 4 * cfg.n_heads * layers * b * s**2
   # The rotary / position tables follow s: some value is exactly (s, d) or (s, d/2).
   assert any(len(v.dims) == 2 and str(v.dims[0]) == "s" for v in graph.values.values())
 
@@ -244,6 +249,14 @@ def test_symmem_trace_of_the_flax_steps(module, remat_policy):
 def test_gpt2_max_len_cannot_exceed_the_position_table():
   with pytest.raises(ValueError, match="learned positions"):
     gpt2.make_train_step(gpt2.PRESETS["tiny"], max_len=10**4)
+
+
+def test_gpt2_steps_refuse_what_they_cannot_run():
+  with pytest.raises(ValueError, match="dropout_train_step_fn"):
+    gpt2.make_train_step(dataclasses.replace(gpt2.PRESETS["tiny"], dropout=0.1))
+  model = gpt2.GPT2(gpt2.PRESETS["tiny"], layer_drop=0.5, scan_layers=True)
+  with pytest.raises(ValueError, match="unrolled layers"):
+    jax.eval_shape(lambda: model.init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32)))
 
 
 @pytest.mark.slow

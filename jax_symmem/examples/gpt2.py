@@ -133,16 +133,23 @@ def init_state(cfg: GPT2Config, seed: int = 0, learning_rate: float = 1e-3,
 
 
 def make_train_step(cfg: GPT2Config, *, learning_rate: float = 1e-3,
-                    remat_policy: str | None = None, use_symmem: bool = False,
-                    memory_budget=None, max_len: int | None = None, max_batch: int = 16):
-  """A jitted `(state, tokens, mask) -> (state, loss)` AdamW step; see `llama.make_train_step`.
+                    remat_policy: str | None = None, scan_layers: bool = False,
+                    use_symmem: bool = False, memory_budget=None, max_len: int | None = None,
+                    max_batch: int = 16):
+  """A jitted `(state, tokens, mask) -> (state, loss)` AdamW step; see `llama.make_train_step`
+  (`scan_layers`: initialize the state with the same flag).
 
   max_len defaults to (and may not exceed) `cfg.max_len`, the position table's length.
+  Without dropout (`cfg.dropout == 0`); a model with dropout takes a key per step:
+  `dropout_train_step_fn`.
   """
   max_len = cfg.max_len if max_len is None else max_len
   if max_len > cfg.max_len:
     raise ValueError(f"max_len={max_len} exceeds the {cfg.max_len} learned positions")
-  step = llama.train_step_fn(GPT2(cfg, remat_policy), learning_rate=learning_rate)
+  if cfg.dropout:
+    raise ValueError(f"dropout={cfg.dropout} needs a key per step: use dropout_train_step_fn")
+  step = llama.train_step_fn(GPT2(cfg, remat_policy, scan_layers=scan_layers),
+                             learning_rate=learning_rate)
   return llama.jit_step(step, use_symmem=use_symmem, memory_budget=memory_budget,
                         max_len=max_len, max_batch=max_batch)
 
