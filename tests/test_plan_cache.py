@@ -262,6 +262,67 @@ def test_a_sealed_round_that_does_not_apply_raises_naming_the_file(tmp_path):
     warm.rounds[1]
 
 
+# --- the program's text in the key -----------------------------------------------------------
+
+
+def _rich_step(scale=2.0, axis=-1, length=3, dtype=jnp.float32):
+  """A step with every kind of sub-program a key must see through: a jit body used
+  twice, custom_jvp (relu), custom_vjp, a checkpoint with a policy, scan, cond,
+  while, literals."""
+  @jax.custom_vjp
+  def clip_grad(x):
+    return x
+  clip_grad.defvjp(lambda x: (x, None), lambda _, g: (jnp.clip(g, -1, 1),))
+
+  @jax.jit
+  def layer(w, x):
+    return jax.nn.relu(x @ w) * scale
+
+  @jax.checkpoint
+  def block(w, x):
+    return clip_grad(layer(w, layer(w, x)))
+
+  def loss(w, x):
+    w, x = w.astype(dtype), x.astype(dtype)
+    def body(h, _):
+      return block(w, h), jnp.sum(h, axis=axis)
+    h, sums = jax.lax.scan(body, x, None, length=length)
+    h = jax.lax.cond(jnp.sum(sums) > 0, lambda h: h * 3, lambda h: h - 1, h)
+    n = jax.lax.while_loop(lambda c: c < jnp.size(h) % 5, lambda c: c + 1, 0)
+    h = h * n.astype(h.dtype)
+    return jnp.mean(h.astype(jnp.float32) ** 2)
+  return jax.value_and_grad(loss)
+
+
+def _rich_key(**variant):
+  from jax_symmem._src import tracing
+  w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
+  x = jax.ShapeDtypeStruct((2, 4, 8), jnp.float32)
+  traced = tracing.trace(_rich_step(**variant), w, x, polymorphic_shapes=(None, "b, s, _"),
+                         constraints=("b <= 8",))
+  return plan_cache.fingerprint([traced.closed_jaxpr], ("b <= 8",), None, None)
+
+
+def test_the_key_changes_with_any_detail_of_the_program():
+  keys = [_rich_key(), _rich_key(scale=3.0), _rich_key(axis=0), _rich_key(length=4),
+          _rich_key(dtype=jnp.bfloat16)]
+  assert len(set(keys)) == len(keys)
+  assert _rich_key() == keys[0]   # traced again: new objects, the same text
+
+
+def test_the_key_is_the_same_in_another_process():
+  child = ("import sys; from tests import test_plan_cache as t; "
+           "sys.stdout.write('key=' + t._rich_key())")
+  keys = set()
+  for seed in (1, 2):
+    env = dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED=str(seed), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "-c", child], env=env, cwd=REPO,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    keys.add(out.stdout.rpartition("key=")[2])
+  assert keys == {_rich_key()}
+
+
 # --- restart --------------------------------------------------------------------------------
 
 

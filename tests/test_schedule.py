@@ -104,9 +104,10 @@ def test_dependencies_are_respected_on_random_orders(data):
   a, b = bad.index(p), bad.index(i)
   bad[a], bad[b] = bad[b], bad[a]
   assert not schedule.is_valid_order(traced.program, bad)
-  assert not schedule.is_valid_order(traced.program, bad, preds)
+  edges = schedule.dependency_edges(traced.program)
+  assert not schedule.is_valid_order(traced.program, bad, edges)
   # Not a permutation of the nodes: a repeat, a missing node, a negative index.
-  assert schedule.is_valid_order(traced.program, order, preds)
+  assert schedule.is_valid_order(traced.program, order, edges)
   for broken in ([order[0]] + list(order[1:-1]) + [order[0]], list(order[:-1]),
                  [order[-1] - len(order) if k == len(order) - 1 else o
                   for k, o in enumerate(order)]):

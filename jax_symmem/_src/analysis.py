@@ -410,9 +410,9 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
     sched, rounds, stats = _plan(graph, None)
   else:
     sched, stats = decisions.schedule, dict(decisions.remat_stats)
-    preds = schedule_lib.dependencies(traced.program)
+    edges = schedule_lib.dependency_edges(traced.program)
     for order in {sched.order, *sched.candidates.values()}:
-      if not schedule_lib.is_valid_order(traced.program, order, preds):
+      if not schedule_lib.is_valid_order(traced.program, order, edges):
         raise ValueError("a stored schedule is not an order of the traced program")
     # Rounds are rebuilt when first read (a restart pays for the rounds its shapes
     # need); the file's checksum (plan_cache.load) already vouches for the items.

@@ -40,6 +40,7 @@ from jax_symmem._src import body_remat
 from jax_symmem._src import loop_remat
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
+from jax_symmem._src import tracing
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
 FORMAT = "jax_symmem plan"
@@ -73,8 +74,8 @@ def versions() -> dict[str, str]:
 
 def fingerprint(programs: Sequence[Any], constraints: Sequence[str], memory_budget: int | None,
                 argument_divisors, settings: Mapping[str, Any] | None = None) -> str:
-  """A hex key over the traced closed jaxprs (text, with their symbolic shapes) and
-  everything else a plan depends on."""
+  """A hex key over the traced closed jaxprs (`tracing.program_text`: their equations
+  and symbolic shapes) and everything else a plan depends on."""
   h = hashlib.sha256()
   header = {"format": [FORMAT, FORMAT_VERSION], "versions": versions(),
             "constraints": list(constraints), "memory_budget": memory_budget,
@@ -86,7 +87,7 @@ def fingerprint(programs: Sequence[Any], constraints: Sequence[str], memory_budg
   h.update(json.dumps(header, sort_keys=True).encode())
   for p in programs:
     h.update(b"\0jaxpr\0")
-    h.update(str(p).encode())
+    h.update(tracing.program_text(p).encode())
   return h.hexdigest()
 
 

@@ -25,6 +25,7 @@ import bisect
 import collections
 import dataclasses
 import functools
+import itertools
 import operator
 from typing import Callable, Mapping, Sequence
 
@@ -93,20 +94,24 @@ def dependencies(program: Program) -> list[set[int]]:
   return preds
 
 
+def dependency_edges(program: Program) -> tuple[np.ndarray, np.ndarray]:
+  """`dependencies` as two index arrays (before, after): what `is_valid_order` checks,
+  built once where several orders of one program are checked."""
+  edges = np.fromiter(itertools.chain.from_iterable(_edges(program)), np.int64)
+  return edges[0::2], edges[1::2]
+
+
 def is_valid_order(program: Program, order: Sequence[int],
-                   preds: Sequence[set[int]] | None = None) -> bool:
+                   edges: tuple[np.ndarray, np.ndarray] | None = None) -> bool:
   """A permutation of the nodes that respects data and effect dependencies
-  (`preds`: `dependencies(program)`, where the caller checks several orders)."""
+  (`edges`: `dependency_edges(program)`, where the caller checks several orders)."""
   n = len(program.nodes)
-  if sorted(order) != list(range(n)):
+  order = np.asarray(order, np.int64)
+  if order.shape != (n,) or not np.array_equal(np.sort(order), np.arange(n)):
     return False
+  before, after = dependency_edges(program) if edges is None else edges
   pos = np.empty(n, np.int64)
-  pos[np.asarray(order, np.int64)] = np.arange(n)
-  edges = (list(_edges(program)) if preds is None
-           else [(p, i) for i, ps in enumerate(preds) for p in ps])
-  if not edges:
-    return True
-  before, after = np.asarray(edges, np.int64).T
+  pos[order] = np.arange(n)
   return bool(np.all(pos[before] < pos[after]))
 
 

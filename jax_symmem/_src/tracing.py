@@ -294,6 +294,73 @@ def flatten(closed_jaxpr: jcore.ClosedJaxpr, start: int = 0) -> Program:
   return _Flattener(start).program(closed_jaxpr.jaxpr, closed_jaxpr.consts)
 
 
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+def program_text(closed_jaxpr: jcore.ClosedJaxpr) -> str:
+  """A canonical text of a jaxpr for cache keys: every equation's primitive, params,
+  operands and result types (symbolic shapes included), but no source locations,
+  constant values or object addresses. Equal programs traced in any process give
+  equal text. Unlike `str(jaxpr)`, no layout is computed and each type and each
+  shared sub-jaxpr (jit bodies JAX reuses) is written once: several times faster
+  on large steps."""
+  out: list[str] = []
+  seen_jaxprs: dict[int, int] = {}
+  types: dict[int, str] = {}
+  alive: list[Any] = []   # keeps the objects behind the ids above alive during the walk
+
+  def type_of(aval) -> str:
+    s = types.get(id(aval))
+    if s is None:
+      s = types[id(aval)] = aval.str_short()
+      alive.append(aval)
+    return s
+
+  def jaxpr(j) -> None:
+    if (k := seen_jaxprs.get(id(j))) is not None:
+      out.append(f"@{k}")
+      return
+    seen_jaxprs[id(j)] = len(seen_jaxprs)
+    alive.append(j)
+    names: dict[Any, int] = {}
+
+    def var(v) -> str:
+      if isinstance(v, jcore.Literal):
+        val = v.val.item() if getattr(v.val, "shape", None) == () else v.val
+        return f"{val!r}:{type_of(v.aval)}"
+      if (n := names.get(v)) is not None:
+        return f"%{n}"
+      n = names[v] = len(names)
+      return f"%{n}:{type_of(v.aval)}"
+
+    out.append(f"({' '.join(map(var, j.constvars))};{' '.join(map(var, j.invars))})")
+    for e in j.eqns:
+      out.append(f"\n{' '.join(map(var, e.outvars))}={e.primitive.name}[")
+      for k in sorted(e.params):
+        out.append(f"{k}=")
+        param(e.params[k])
+        out.append(",")
+      out.append(f"]{' '.join(map(var, e.invars))}")
+    out.append(f"\n->{' '.join(map(var, j.outvars))}")
+
+  def param(v) -> None:
+    if isinstance(v, jcore.ClosedJaxpr):
+      jaxpr(v.jaxpr)
+    elif isinstance(v, jcore.Jaxpr):
+      jaxpr(v)
+    elif (type(v) is tuple and v
+          and all(isinstance(x, (jcore.Jaxpr, jcore.ClosedJaxpr)) for x in v)):
+      out.append("(")
+      for x in v:
+        param(x)
+      out.append(")")
+    else:
+      out.append(_ADDRESS.sub(" at 0x", str(v)))
+
+  jaxpr(closed_jaxpr.jaxpr)
+  return "".join(out)
+
+
 # --- Building new nodes from Python functions (used by rewrites) --------------------
 
 
