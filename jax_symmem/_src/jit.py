@@ -92,7 +92,7 @@ class _Entry:
   searches: dict[tuple, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
   refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
   # Speed trials (`speed_trials=True`): the keys whose trial is running, and those settled
-  # (key -> {round: median seconds}; {} where no trial could run).
+  # (key -> {round: fastest call's seconds}; {} where no trial could run).
   trials: dict[tuple, speed_trial_lib.SpeedTrial] = dataclasses.field(default_factory=dict)
   timed: dict[tuple, dict[int, float]] = dataclasses.field(default_factory=dict)
 
@@ -222,11 +222,11 @@ class SymmemFunction:
 
   def speed_trial_results(self) -> list[dict]:
     """Each settled speed trial (`speed_trials=True`): dims, the reserved MiB and budget
-    it ran under, the median seconds per round timed, and the round the shape kept."""
+    it ran under, each round's fastest timed call in seconds, and the round the shape kept."""
     with self._lock:
       return [{"dims": dict(key[0]), "reserved_mib": key[1], "budget": key[2],
-               "median_s": dict(medians), "kept": e.decisions.get(key)}
-              for e in self._entries.values() for key, medians in e.timed.items() if medians]
+               "fastest_s": dict(seconds), "kept": e.decisions.get(key)}
+              for e in self._entries.values() for key, seconds in e.timed.items() if seconds]
 
   def variants(self) -> list[dict]:
     """Each compiled executable: dims, eviction round, XLA's footprint in bytes
@@ -431,12 +431,13 @@ class SymmemFunction:
     if trial.done():
       del entry.trials[key]
       # Across processes: the slowest one's times, so every process keeps the same round.
-      entry.timed[key] = _agreed_seconds(trial.medians(), flat)
+      entry.timed[key] = _agreed_seconds(trial.fastest(), flat)
       self._counts["speed_trials"] += 1
       keep = entry.decisions[key] = trial.winner(entry.timed[key])
       drop = trial.challenger if keep == trial.incumbent else trial.incumbent
       self.last_call["pending"] = keep != k   # later calls run another round than this one
-      logging.info("jax_symmem: %s at %s keeps round %d after a speed trial (median s: %s)",
+      logging.info("jax_symmem: %s at %s keeps round %d after a speed trial (fastest call, "
+                   "s: %s)",
                    analysis.traced.fun_name, dims, keep,
                    ", ".join(f"round {r} {t:.4f}" for r, t in sorted(entry.timed[key].items())))
       self._release(entry, key, drop)
