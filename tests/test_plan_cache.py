@@ -310,17 +310,28 @@ def test_the_key_changes_with_any_detail_of_the_program():
   assert _rich_key() == keys[0]   # traced again: new objects, the same text
 
 
+def _set_param_text():
+  """The text of a jaxpr whose equation has a set-valued param (string sets iterate in
+  an order that depends on the hash seed)."""
+  from jax.extend.core import Primitive
+  from jax_symmem._src import tracing
+  tag = Primitive("tagged")
+  tag.def_abstract_eval(lambda x, **_: x)
+  jaxpr = jax.make_jaxpr(lambda x: tag.bind(x, names=frozenset("abcdefgh")))(1.0)
+  return tracing.program_text(jaxpr)
+
+
 def test_the_key_is_the_same_in_another_process():
   child = ("import sys; from tests import test_plan_cache as t; "
-           "sys.stdout.write('key=' + t._rich_key())")
+           "sys.stdout.write('key=' + t._rich_key() + ' ' + t._set_param_text())")
   keys = set()
-  for seed in (1, 2):
+  for seed in (1, 2, 3):
     env = dict(os.environ, PYTHONPATH=REPO, PYTHONHASHSEED=str(seed), JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "-c", child], env=env, cwd=REPO,
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-3000:]
     keys.add(out.stdout.rpartition("key=")[2])
-  assert keys == {_rich_key()}
+  assert keys == {_rich_key() + " " + _set_param_text()}
 
 
 # --- restart --------------------------------------------------------------------------------

@@ -354,6 +354,8 @@ def program_text(closed_jaxpr: jcore.ClosedJaxpr) -> str:
       for x in v:
         param(x)
       out.append(")")
+    elif isinstance(v, (set, frozenset)):   # iteration order varies with the hash seed
+      out.append(f"{{{', '.join(sorted(map(repr, v)))}}}")
     else:
       out.append(_ADDRESS.sub(" at 0x", str(v)))
 
