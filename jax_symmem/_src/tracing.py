@@ -299,9 +299,9 @@ _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 
 def program_text(closed_jaxpr: jcore.ClosedJaxpr) -> str:
   """A canonical text of a jaxpr for cache keys: every equation's primitive, params,
-  operands and result types (symbolic shapes included), but no source locations,
-  constant values or object addresses. Equal programs traced in any process give
-  equal text. Unlike `str(jaxpr)`, no layout is computed and each type and each
+  operands (literals with their values) and result types (symbolic shapes included),
+  but no source locations, values of closed-over constants or object addresses.
+  Equal programs traced in any process give equal text. Unlike `str(jaxpr)`, no layout is computed and each type and each
   shared sub-jaxpr (jit bodies JAX reuses) is written once: several times faster
   on large steps."""
   out: list[str] = []
