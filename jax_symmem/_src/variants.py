@@ -9,6 +9,7 @@ returns every variant it compiled and the one to dispatch, or raises BudgetError
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from absl import logging
@@ -219,8 +220,9 @@ def next_round(peaks: Sequence[int], k: int, size: int, predicted: float,
   ratio = size / max(1, peaks[k])
   margin = abs(size - predicted)
   tried = set(tried)
+  # Rounded up: a prediction a fraction of a byte under the budget is not a fit.
   return next((j for j in range(k + 1, len(peaks))
-               if j not in tried and fits(int(ratio * peaks[j] + margin))), None)
+               if j not in tried and fits(math.ceil(ratio * peaks[j] + margin))), None)
 
 
 def earlier_round(peaks: Sequence[int], k: int, size: int, fits: Callable[[int], bool],
