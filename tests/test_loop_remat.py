@@ -91,6 +91,9 @@ def test_scan_pairs_link_every_stacked_residual_to_the_backward_scan():
 @hypothesis.given(activations=st.lists(st.integers(0, 3), min_size=1, max_size=3),
                   n_layers=st.integers(1, 4), seq_axis_mix=st.booleans(),
                   b=st.integers(1, 3), s=st.integers(2, 24))
+# Found by a longer run: rounds 1 and 2 differ from jax.jit by 3.3e-6 on an entry of
+# 0.09996 (more than rtol 2e-5 of it), 8e-8 of the leaf's largest (41.6).
+@hypothesis.example(activations=[2], n_layers=4, seq_axis_mix=True, b=2, s=21)
 def test_every_round_of_a_scanned_program_computes_what_jax_jit_does(
     activations, n_layers, seq_axis_mix, b, s):
   fun = _scanned_loss(tuple(activations), n_layers, seq_axis_mix)
@@ -102,18 +105,6 @@ def test_every_round_of_a_scanned_program_computes_what_jax_jit_does(
   dims = {"b": b, "s": s}
   for k in range(len(analysis.rounds)):
     _assert_close_per_leaf(_run_round(analysis, k, dims, args), ref)
-
-
-def test_the_scanned_example_the_property_found_matches_jax_jit_per_leaf():
-  # The example the property found: rounds 1 and 2 differ from jax.jit by 3.3e-6 on an
-  # entry of 0.09996 (more than rtol 2e-5 of it), 8e-8 of the leaf's largest (41.6).
-  fun = _scanned_loss((2,), 4, True)
-  analysis = symmem.analyze(fun, *_args(4, 2, 8), polymorphic_shapes=(None, "b, s, _"),
-                            constraints=("s <= 64", "b <= 4"))
-  args = _args(4, 2, 21, seed=1)
-  ref = jax.jit(fun)(*args)
-  for k in range(len(analysis.rounds)):
-    _assert_close_per_leaf(_run_round(analysis, k, {"b": 2, "s": 21}, args), ref)
 
 
 def _normed_loss(n_layers):

@@ -19,6 +19,7 @@ from jax_symmem._src import loop_remat
 from jax_symmem._src import plan_cache
 from jax_symmem._src import progress
 from jax_symmem._src import remat
+from jax_symmem._src import tracing
 from jax_symmem._src import variants
 from jax_symmem._src.parse import parse_polynomial
 from jax_symmem._src.poly import ZERO, Poly
@@ -295,7 +296,6 @@ def _rich_step(scale=2.0, axis=-1, length=3, dtype=jnp.float32):
 
 
 def _rich_key(**variant):
-  from jax_symmem._src import tracing
   w = jax.ShapeDtypeStruct((8, 8), jnp.float32)
   x = jax.ShapeDtypeStruct((2, 4, 8), jnp.float32)
   traced = tracing.trace(_rich_step(**variant), w, x, polymorphic_shapes=(None, "b, s, _"),
@@ -314,7 +314,6 @@ def _set_param_text():
   """The text of a jaxpr whose equation has a set-valued param (string sets iterate in
   an order that depends on the hash seed)."""
   from jax.extend.core import Primitive
-  from jax_symmem._src import tracing
   tag = Primitive("tagged")
   tag.def_abstract_eval(lambda x, **_: x)
   jaxpr = jax.make_jaxpr(lambda x: tag.bind(x, names=frozenset("abcdefgh")))(1.0)

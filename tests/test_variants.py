@@ -62,7 +62,6 @@ def test_two_compiles_when_the_error_does_not_grow(search):
         {j for j, _ in tried} >= {len(peaks) - 1, 0})
 
 
-
 def test_a_prediction_a_fraction_of_a_byte_under_the_budget_is_not_a_fit():
   # Found by the property above: XLA's figure for round 0 is 1140 (ratio 1.14, off by
   # 140); round 7 predicts 1.14 x 842 + 140 = 1099.88 under a budget of 1099, and its
@@ -70,6 +69,7 @@ def test_a_prediction_a_fraction_of_a_byte_under_the_budget_is_not_a_fit():
   peaks = [1000, 1000, 1000, 1000, 1000, 962, 902, 842, 841]
   fits = lambda b: b <= 1099
   assert variants.next_round(peaks, 0, 1140, 1000, {0}, fits) == 8
+
 
 # Gradient accumulation (bench_models' llama_accum, s=512): modeled peak / XLA footprint
 # of rounds 0..22 in MiB as symmem.jit compiles them under a budget (bench_recompile.py).

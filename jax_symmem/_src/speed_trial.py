@@ -13,10 +13,10 @@ dispatched one does) run in turn on the caller's own calls, each timed from its
 inputs ready to its outputs ready, and the shape keeps the faster by each one's
 fastest call. Not by the median: right after the challenger's compile the next calls
 run slow, whichever round they run (the unrolled Llama at b=4, s=128, CPU: round 0's
-three timed calls 0.110 / 0.163 / 0.055 s, the last round's 0.071 / 0.074 / 0.083, where,
-run in turn later, they took 0.056 / 0.069 s, medians of six; ad hoc, 2026-12-04): by medians that
-trial kept the slower round. Noise on a shared host only adds time, so the fastest of a
-few calls is the estimate least disturbed by it.
+three timed calls 0.110 / 0.163 / 0.055 s, the last round's 0.071 / 0.074 / 0.083,
+where, run in turn later, they took 0.056 / 0.069 s, medians of six; ad hoc,
+2026-12-04): by medians that trial kept the slower round. Noise on a shared host only
+adds time, so the fastest of a few calls is the estimate least disturbed by it.
 
 A `SpeedTrial` is the bookkeeping of one such comparison; `symmem.jit` owns the
 executables, the clock and the lock.

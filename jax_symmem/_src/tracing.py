@@ -301,9 +301,9 @@ def program_text(closed_jaxpr: jcore.ClosedJaxpr) -> str:
   """A canonical text of a jaxpr for cache keys: every equation's primitive, params,
   operands (literals with their values) and result types (symbolic shapes included),
   but no source locations, values of closed-over constants or object addresses.
-  Equal programs traced in any process give equal text. Unlike `str(jaxpr)`, no layout is computed and each type and each
-  shared sub-jaxpr (jit bodies JAX reuses) is written once: several times faster
-  on large steps."""
+  Equal programs traced in any process give equal text. Unlike `str(jaxpr)`, no layout
+  is computed and each type and each shared sub-jaxpr (jit bodies JAX reuses) is
+  written once: several times faster on large steps."""
   out: list[str] = []
   seen_jaxprs: dict[int, int] = {}
   types: dict[int, str] = {}
@@ -344,10 +344,8 @@ def program_text(closed_jaxpr: jcore.ClosedJaxpr) -> str:
     out.append(f"\n->{' '.join(map(var, j.outvars))}")
 
   def param(v) -> None:
-    if isinstance(v, jcore.ClosedJaxpr):
-      jaxpr(v.jaxpr)
-    elif isinstance(v, jcore.Jaxpr):
-      jaxpr(v)
+    if isinstance(v, (jcore.ClosedJaxpr, jcore.Jaxpr)):
+      jaxpr(_closed(v)[0])
     elif (type(v) is tuple and v
           and all(isinstance(x, (jcore.Jaxpr, jcore.ClosedJaxpr)) for x in v)):
       out.append("(")
