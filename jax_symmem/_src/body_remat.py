@@ -85,7 +85,7 @@ def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -
   its new body is re-traced with value ids above every id in `program`."""
   node = program.nodes[index]
   p = node.params
-  n_consts, n_carry = p["num_consts"], p["num_carry"]
+  n_consts, n_carry = tracing.scan_counts(p)
 
   def scan_fn(*operands):
     consts, init, xs = (operands[:n_consts], operands[n_consts:n_consts + n_carry],

@@ -31,6 +31,7 @@ import jax
 
 from jax_symmem._src import interpret
 from jax_symmem._src import memory
+from jax_symmem._src import tracing
 from jax_symmem._src.ir import Const, Program
 from jax_symmem._src.tracing import TracedProgram
 
@@ -74,7 +75,7 @@ def execute(traced: TracedProgram, args: Sequence[Any], order: Sequence[int] | N
 def _run_scan(node, args, loops_op_by_op):
   """(outputs, bytes above the scan's operands and outputs): one iteration at a time."""
   p = node.params
-  nc, ncarry, length = p["num_consts"], p["num_carry"], p["length"]
+  (nc, ncarry), length = tracing.scan_counts(p), p["length"]
   consts, carry, xs = args[:nc], list(args[nc:nc + ncarry]), args[nc + ncarry:]
   body = node.subprograms[0]
   ys, working = None, 0

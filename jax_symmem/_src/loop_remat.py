@@ -210,8 +210,9 @@ def scan_pairs(program: Program) -> dict[int, LoopState]:
   as scanned inputs; keyed by the forward scan's node index."""
   def links(f, b, positions):
     return (b.name == "scan" and b.params["length"] == f.params["length"]
-            and all(k >= b.params["num_consts"] + b.params["num_carry"] for k in positions))
-  return _find_pairs(program, "scan", lambda f: range(f.params["num_carry"], len(f.outputs)),
+            and all(k >= sum(tracing.scan_counts(b.params)) for k in positions))
+  return _find_pairs(program, "scan",
+                     lambda f: range(tracing.scan_counts(f.params)[1], len(f.outputs)),
                      links)
 
 
@@ -247,7 +248,7 @@ def _carry_identity(state: LoopState) -> dict[int, int]:
   """Carry position -> forward output index that stacks that carry unchanged."""
   f = state.forward
   body = _body(f)
-  nc, ncarry = f.params["num_consts"], f.params["num_carry"]
+  nc, ncarry = tracing.scan_counts(f.params)
   found = {}
   for j in range(ncarry, len(f.outputs)):
     v = body.outputs[j]
@@ -294,7 +295,7 @@ def _scan_parts(state: LoopState) -> _ScanParts:
 
 def _replay(state: LoopState, evicted: frozenset[int]) -> _Replay:
   f, parts = state.forward, _scan_parts(state)
-  nc, ncarry = f.params["num_consts"], f.params["num_carry"]
+  nc, ncarry = tracing.scan_counts(f.params)
   nodes = frozenset().union(*(parts.nodes[j] for j in evicted))
   inputs = frozenset().union(*(parts.inputs[j] for j in evicted))
   carries = frozenset(k - nc for k in inputs if nc <= k < nc + ncarry)
@@ -341,7 +342,7 @@ def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup
     carry's bytes are the body's carry input's (the scan's operand may be a literal,
     e.g. a fori_loop's counter starting at 0)."""
     replay = _replay(state, state.evicted | set(js))
-    extra = total(graph.bytes(body.inputs[f.params["num_consts"] + c])
+    extra = total(graph.bytes(body.inputs[tracing.scan_counts(f.params)[0] + c])
                   for c in replay.carries - base.carries if c not in replay.stacked)
     return total(graph.bytes(f.outputs[j]) for j in js) - scan_length(f) * extra
 
@@ -609,8 +610,8 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   next_id = program.max_id() + 1
   f, b = state.forward, state.backward
   fp, bp = f.params, b.params
-  f_nc, f_ncarry, length = fp["num_consts"], fp["num_carry"], fp["length"]
-  b_nc, b_ncarry = bp["num_consts"], bp["num_carry"]
+  (f_nc, f_ncarry), length = tracing.scan_counts(fp), fp["length"]
+  b_nc, b_ncarry = tracing.scan_counts(bp)
   f_jaxpr, b_jaxpr = fp["jaxpr"], bp["jaxpr"]
   evicted_list = sorted(evicted)
 

@@ -133,6 +133,7 @@ _INLINE_RULES: dict[str, Callable[[Mapping[str, Any]], tuple[Any, Sequence[Any]]
     "pjit": lambda p: _closed(p["jaxpr"]),
     "jit": lambda p: _closed(p["jaxpr"]),
     "closed_call": lambda p: _closed(p["call_jaxpr"]),
+    "eval_jaxpr": lambda p: _closed(p["call_jaxpr"]),   # closed_call's name from jax 0.11
     "core_call": lambda p: _closed(p["call_jaxpr"]),
     "remat2": lambda p: _closed(p["jaxpr"]),
     "checkpoint": lambda p: _closed(p["jaxpr"]),
@@ -150,6 +151,16 @@ _BODY_PARAMS: dict[str, tuple[str, ...]] = {
 
 
 _OPTIMIZATION_BARRIER = jax.lax.optimization_barrier_p
+
+
+def scan_counts(params: Mapping[str, Any]) -> tuple[int, int]:
+  """(consts, carries): how a scan's operands begin (the scanned inputs follow). JAX
+  before 0.11 names the counts in the scan's params; 0.11 packs the operands' structure
+  into `ft_in` (a flat tree of consts, carries, scanned inputs)."""
+  if "num_carry" in params:
+    return params["num_consts"], params["num_carry"]
+  consts, carries, _ = params["ft_in"].unpack()
+  return len(consts), len(carries)
 
 
 def _source(eqn, outside: str = "") -> str:

@@ -67,6 +67,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from jax_symmem._src import memory
+from jax_symmem._src import tracing
 from jax_symmem._src.ir import Const, Node, Program
 from jax_symmem._src.shape_graph import ShapeGraph
 
@@ -167,7 +168,8 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       if node.name == "cond":   # results computed into the cond's own output buffers
         streamed = frozenset(x for x in body.outputs if not isinstance(x, Const))
       elif node.name == "scan":
-        k, xs = node.params["num_carry"], node.params["num_consts"] + node.params["num_carry"]
+        n_consts, k = tracing.scan_counts(node.params)
+        xs = n_consts + k
         carried = frozenset(x for x in body.outputs[:k] if not isinstance(x, Const))
         streamed = frozenset(x for x in body.outputs[k:] if not isinstance(x, Const))
         sliced = frozenset(body.inputs[xs:])
