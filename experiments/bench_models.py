@@ -16,7 +16,9 @@ this prints and writes to experiments/results/bench_models.json:
    dispatched, its compiles, step time vs per-layer checkpointing (goal <= 1.00 at
    the longest shape, lower at the shorter; also against per-layer checkpointing
    compiled with the budget's options, XNNPACK for single dots only) and vs jax.jit where
-   jax.jit's real peak fits (goal <= 1.05), and losses / updated parameters vs jax.jit's.
+   jax.jit's real peak fits (goal <= 1.05), and losses / updated parameters vs jax.jit's
+   (where they differ, how far: `_common.deviation`, beside per-layer checkpointing's own
+   distance from jax.jit).
 
 Real peaks follow DESIGN.md F3 (jax_symmem.measure: a fresh process per figure,
 peak above resident memory plus the argument bytes). Step times are measured in
@@ -43,6 +45,9 @@ cache in a temporary directory:
 
     python -m experiments.bench_models --geometry=gpu --workloads=llama_scan,t5 --passes=5 \
         --out=$OUT/bench_models_gpu.json
+
+`experiments/gpu_check.sh` runs it one workload per time-limited stage (the device's
+15 minutes) and writes each workload's JSON and log under $OUT.
 """
 
 from __future__ import annotations
@@ -272,10 +277,16 @@ def _platform() -> str:
   return jax.devices()[0].platform
 
 
-def _per_layer_options() -> dict:
-  """Per-layer checkpointing's XLA options: barriers kept on the CPU (F1); XLA's GPU and
-  TPU pipelines drop them only after scheduling, so there they compile as jax.jit does."""
-  return dict(FENCE) if _platform() == "cpu" else {}
+def _state(w: Workload):
+  """The workload's initial state, built on the host and then put on the device: eager
+  initialization on a GPU compiles one kernel per op in every measuring process (about
+  50 s for the GPU geometry's T5), and jitting it whole compiled for 2 min 34 s there
+  (H200, jax 0.11.2, 2026-12-04)."""
+  if _platform() == "cpu":
+    return w.state()
+  with jax.default_device(jax.devices("cpu")[0]):
+    state = w.state()
+  return jax.device_put(state, jax.devices()[0])
 
 
 def measured(workload: str, variant: str, length: int, budget: int = 0, geometry: str = "cpu",
@@ -285,13 +296,14 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
   compiled as symmem.jit compiles it) or "symmem" (symmem.jit under `budget`, with
   `speed_trials` as given)."""
   w = WORKLOADS[workload](GEOMETRIES[geometry])
-  args = (w.state(), *w.batch(length))
+  state = _state(w)
+  args = (state, *w.batch(length))
   extra = {"argument_bytes": _common.tree_bytes(args)}
   if variant in ("jit", "per_layer"):
     exe = jax.jit(w.step("layer" if variant == "per_layer" else None)).lower(*args).compile(
         compiler_options=_per_layer_options() if variant == "per_layer" else {})
     return exe, args, dict(extra, xla=_footprint(exe))
-  analysis = _analysis(w)
+  analysis = _analysis(w, state)
   if variant == "last_round":
     exe, k = _compile_round(analysis, len(analysis.rounds) - 1, w.dims(length), args)
     flat = jax.tree_util.tree_leaves(args)
@@ -305,8 +317,8 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
                           refinements=info["refinements"], total_compiles=info["compiles"])
 
 
-def _analysis(w: Workload):
-  return symmem.analyze(w.step(None), w.state(), *w.batch(w.lengths[0]),
+def _analysis(w: Workload, state):
+  return symmem.analyze(w.step(None), state, *w.batch(w.lengths[0]),
                         polymorphic_shapes=w.shapes, constraints=w.constraints)
 
 
@@ -330,8 +342,10 @@ def _real(workload, variant, length, budget=0) -> dict:
 
 def run_workload(w: Workload, passes: int) -> dict:
   cpu = _platform() == "cpu"
+  state = _state(w)
+  jax.block_until_ready(state)
   t0 = time.perf_counter()
-  analysis = _analysis(w)
+  analysis = _analysis(w, state)   # trace and plan (the batch's arrays too)
   plan_s = time.perf_counter() - t0
   longest = w.lengths[-1]
   per_layer_long = _real(w.name, "per_layer", longest)
@@ -339,7 +353,6 @@ def run_workload(w: Workload, passes: int) -> dict:
   print(f"{w.name}: planned in {plan_s:.1f} s ({len(analysis.rounds) - 1} rounds); budget "
         f"{budget / MiB:.1f} MiB = 1.25 x per-layer checkpoint's real peak at the longest shape",
         flush=True)
-  state = w.state()
   step = symmem.jit(w.step(None), polymorphic_shapes=w.shapes, constraints=w.constraints,
                     memory_budget=budget, speed_trials=SPEED_TRIALS.value)
   ref = jax.jit(w.step(None))
@@ -394,8 +407,17 @@ def run_workload(w: Workload, passes: int) -> dict:
     # gradients (DESIGN.md; tests/test_loop_remat.py does the same).
     (variant,) = [v for v in step.variants()
                   if v["dims"] == dims and v["round"] == step.last_call["round"]]
-    same = _common.trees_close(step(*args), ref.lower(*args).compile(
-        compiler_options=variant["compiler_options"])(*args))
+    got = step(*args)   # first: a held output would count as other live arrays
+    want = ref.lower(*args).compile(compiler_options=variant["compiler_options"])(*args)
+    same = _common.trees_close(got, want)
+    # Where they differ: how far, beside how far per-layer checkpointing itself is from
+    # jax.jit (both compiled with jax.jit's options): on a GPU recomputed ops fuse and
+    # round differently, and AdamW's first step turns rounding into sign flips.
+    deviation = _common.deviation(got, want)
+    del got, want
+    ckpt_deviation = _common.deviation(
+        per_layer.lower(*args).compile(compiler_options=_per_layer_options())(*args),
+        ref(*args))
     row.update({
         "symmem_real_mib": sym_real["real"] / MiB,
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
@@ -413,6 +435,7 @@ def run_workload(w: Workload, passes: int) -> dict:
                                                if cpu else None),
         "time_vs_jit_min": fastest["symmem"] / fastest["jit"] if "jit" in fastest else None,
         "step_s": times, "step_s_min": fastest, "equal_to_jax_jit": same,
+        "deviation_vs_jit": deviation, "per_layer_deviation_vs_jit": ckpt_deviation,
         "timed_round": timed["round"], "timed_reserved_mib": timed["reserved"] / MiB,
         "speed_trials": [t for t in step.speed_trial_results() if t["dims"] == dims]})
     vs_jit = (f"{row['time_vs_jit']:.2f} ({row['time_vs_jit_min']:.2f})" if row["time_vs_jit"]
@@ -431,6 +454,9 @@ def run_workload(w: Workload, passes: int) -> dict:
           f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f} "
           f"(fastest passes {row['time_vs_per_layer_min']:.2f}{same_options}), "
           f"vs jax.jit {vs_jit}; equal to jax.jit: {same}"
+          + ("" if same else f" (worst leaf {deviation['worst_leaf']:.1e} of its largest, "
+             f"{deviation['elements_off']} elements off; per-layer checkpointing vs jax.jit: "
+             f"{ckpt_deviation['worst_leaf']:.1e}, {ckpt_deviation['elements_off']})")
           + "".join(f"; speed trial: kept round {t['kept']} (fastest call, s " + ", ".join(
               f"round {r} {v:.3f}" for r, v in sorted(t["fastest_s"].items())) + ")"
                     for t in row["speed_trials"]), flush=True)

@@ -1,0 +1,46 @@
+#!/bin/bash
+# The GPU check of issue 10 (DEVELOPERS.md: one prepared script, within the device's
+# 15 minutes): experiments.bench_models at the GPU geometry on the scanned Llama and the
+# T5-style encoder-decoder, then the tests that pin JAX internals on that machine's jax
+# (its CPU). Each stage has its own time limit and writes under $OUT as it goes, so a
+# stage that runs long keeps what the earlier ones measured.
+#
+#     OUT=/tmp/gpu_check bash experiments/gpu_check.sh      # where a GPU is
+#     BENCH_ARGS="--quick --passes=1" PYTHON=.venv/bin/python bash experiments/gpu_check.sh
+#                                                   # the same stages here, small (a smoke run)
+set -u
+OUT=${OUT:-/tmp/gpu_check}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+# Every process grows its device memory as it uses it: the timing parent then leaves the
+# measuring children (jax_symmem.measure) the whole card, and its own in-use figure is
+# what symmem.jit's budget reads.
+export XLA_PYTHON_CLIENT_PREALLOCATE=false
+
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $PY -c "import sys, jax, jaxlib, flax, optax, chex, sympy; print(sys.version); \
+print({m.__name__: m.__version__ for m in (jax, jaxlib, flax, optax, chex, sympy)}); \
+print(jax.devices())"
+} 2>&1 | tee "$OUT/versions.txt"
+
+for w in ${GPU_CHECK_WORKLOADS:-llama_scan:300 t5:200}; do
+  name=${w%%:*}
+  limit=${w##*:}
+  echo "== bench_models $name (limit ${limit} s)"
+  timeout "$limit" $PY -m experiments.bench_models ${BENCH_ARGS:---geometry=gpu --passes=5} \
+      --workloads="$name" --out="$OUT/bench_models_gpu_$name.json" 2>&1 | tee "$OUT/bench_models_gpu_$name.log"
+  rc=${PIPESTATUS[0]}
+  echo "== $name: exit $rc"
+  # A stage that failed (not one stopped at its limit) stops the benchmark stages: the
+  # device time left is better spent on a rerun after the fix.
+  if [ "$rc" != 0 ] && [ "$rc" != 124 ]; then break; fi
+done
+
+echo "== tests that pin JAX internals, on this machine's jax (CPU)"
+JAX_PLATFORMS=cpu timeout "${GPU_CHECK_TEST_LIMIT:-60}" $PY -m pytest -q -p no:cacheprovider \
+    -n 8 tests/test_jax_dims.py tests/test_tracing.py tests/test_body_remat.py \
+    tests/test_xla_buffers.py 2>&1 | tail -30 | tee "$OUT/tests.log"
+date -u
