@@ -1,6 +1,7 @@
 #!/bin/bash
 # The GPU check of issue 10 (DEVELOPERS.md: one prepared script, within the device's
-# 15 minutes): experiments.bench_models at the GPU geometry on the scanned Llama and the
+# 15 minutes): symmem.jit's per-call work (experiments.dispatch_overhead), then
+# experiments.bench_models at the GPU geometry on the scanned Llama and the
 # T5-style encoder-decoder, then the tests that pin JAX internals on that machine's jax
 # (its CPU). Each stage has its own time limit and writes under $OUT as it goes, so a
 # stage that runs long keeps what the earlier ones measured.
@@ -25,6 +26,10 @@ export XLA_PYTHON_CLIENT_PREALLOCATE=false
 print({m.__name__: m.__version__ for m in (jax, jaxlib, flax, optax, chex, sympy)}); \
 print(jax.devices())"
 } 2>&1 | tee "$OUT/versions.txt"
+
+echo "== per-call work of symmem.jit beside jax.jit"
+timeout 60 $PY -m experiments.dispatch_overhead --out="$OUT/dispatch_overhead.json" 2>&1 \
+    | tee "$OUT/dispatch_overhead.log"
 
 for w in ${GPU_CHECK_WORKLOADS:-llama_scan:300 t5:200}; do
   name=${w%%:*}

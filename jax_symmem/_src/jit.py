@@ -95,6 +95,9 @@ class _Entry:
   # (key -> {round: fastest call's seconds}; {} where no trial could run).
   trials: dict[tuple, speed_trial_lib.SpeedTrial] = dataclasses.field(default_factory=dict)
   timed: dict[tuple, dict[int, float]] = dataclasses.field(default_factory=dict)
+  # (dims, the leaves' types) -> the bytes per device of the leaves that are jax.Arrays:
+  # what a budgeted call subtracts from the live bytes, summed once per shape.
+  arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
 
 class SymmemFunction:
@@ -159,15 +162,21 @@ class SymmemFunction:
       raise
     budget = self._budget()
     reserved = 0
+    dims_key = tuple(sorted(dims.items()))
     if budget is not None:
-      splits = entry.arg_splits or (1,) * len(flat)
-      # Per device; NumPy arguments are not among the live arrays the probe counts.
-      arg_bytes = sum(_array_bytes(a) // d for a, d in zip(flat, splits)
-                      if isinstance(a, jax.Array))
+      # The dims and dtypes fix every array's bytes; the types say which are jax.Arrays.
+      bytes_key = (dims_key, tuple(map(type, flat)))
+      arg_bytes = entry.arg_bytes.get(bytes_key)
+      if arg_bytes is None:
+        splits = entry.arg_splits or (1,) * len(flat)
+        # Per device; NumPy arguments are not among the live arrays the probe counts.
+        arg_bytes = sum(_array_bytes(a) // d for a, d in zip(flat, splits)
+                        if isinstance(a, jax.Array))
+        if len(entry.arg_bytes) < 4096:
+          entry.arg_bytes[bytes_key] = arg_bytes
       reserved = max(0, _live_bytes() - arg_bytes)
       # Arrays over several processes: the largest reading of any (device.py).
       reserved = _agreed_reserved(reserved, budget, flat)
-    dims_key = tuple(sorted(dims.items()))
     key = (dims_key, reserved >> 20, budget)
     with self._lock:
       if key in entry.refused:
