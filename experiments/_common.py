@@ -86,24 +86,31 @@ def trees_close(a, b) -> bool:
 def deviation(a, b) -> dict:
   """How far pytree `a` is from `b`, where `trees_close` says no: the largest |a - b| of
   a leaf over that leaf's largest |b| (worst leaf), the elements outside trees_close's
-  tolerance and the largest difference among them. After one AdamW step from a fresh
-  state, an update is about lr x sign(gradient): a gradient element near zero that
-  rounds to the other sign moves its parameter by up to 2 x lr, so two correct
+  tolerance and the largest difference among them; and the worst leaf among optax's
+  first moments (leaves under a `mu` field): after one step from a fresh state they are
+  (1 - b1) x the gradient, so they compare the gradients, before AdamW's update. That
+  update is about lr x sign(gradient) on the first step: a gradient element near zero
+  that rounds to the other sign moves its parameter by up to 2 x lr, so two correct
   programs that round differently (other kernels, other fusions) already differ there:
   jax.jit with XNNPACK's dots against without, scanned Llama at s=128 on this CPU, 216
   of 12.6 M elements, worst leaf 3.2e-3 (2026-12-04, ad hoc)."""
   import jax
   import numpy as np
-  worst, off, total, largest = 0.0, 0, 0, 0.0
-  for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)):
+  worst, off, total, largest, worst_mu = 0.0, 0, 0, 0.0, None
+  paths = jax.tree_util.tree_flatten_with_path(b)[0]
+  for x, (path, y) in zip(jax.tree_util.tree_leaves(a), paths):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
     d = np.abs(x - y)
     if d.size:
-      worst = max(worst, float(d.max()) / (float(np.abs(y).max()) or 1.0))
+      leaf = float(d.max()) / (float(np.abs(y).max()) or 1.0)
+      worst = max(worst, leaf)
+      if any(getattr(k, "name", None) == "mu" for k in path):
+        worst_mu = max(worst_mu or 0.0, leaf)
     outside = d > 1e-5 * np.abs(y) + 1e-6
     off, total = off + int(outside.sum()), total + d.size
     largest = max(largest, float(d[outside].max()) if outside.any() else 0.0)
-  return {"worst_leaf": worst, "elements_off": off, "elements": total, "largest_off": largest}
+  return {"worst_leaf": worst, "elements_off": off, "elements": total, "largest_off": largest,
+          "first_moment_worst_leaf": worst_mu}
 
 
 def settle(step, args) -> dict:
