@@ -81,10 +81,10 @@ def test_scan_pairs_link_every_stacked_residual_to_the_backward_scan():
   f, b = state.forward, state.backward
   assert f.params["reverse"] != b.params["reverse"] and f.params["length"] == 3
   for j, positions in state.links.items():
-    assert j >= f.params["num_carry"]
+    assert j >= tracing.scan_counts(f.params)[1]
     for k in positions:
       assert b.inputs[k] == f.outputs[j]
-      assert k >= b.params["num_consts"] + b.params["num_carry"]
+      assert k >= sum(tracing.scan_counts(b.params))
 
 
 @hypothesis.settings(max_examples=3, deadline=None, derandomize=True)
@@ -151,7 +151,7 @@ def test_a_residual_group_takes_what_its_leads_replay_computes_or_fuses():
   assert groups
   identities = set(loop_remat._carry_identity(state).values())
   residuals = [j for j in state.links if j not in identities]
-  nc = state.forward.params["num_consts"]   # the carry (one: h) is the body's input nc
+  nc = tracing.scan_counts(state.forward.params)[0]   # the carry (one: h) is the body's input nc
   carry = graph.bytes(state.forward.subprograms[0].inputs[nc])
   for g in groups:
     lead, *riders = (e.output for e in g.regions)
