@@ -649,6 +649,39 @@ def _checkpoints_save_everything():
       del prim.bind
 
 
+_JAX_CANONICALIZE_DIMENSION = _jax_core._canonicalize_dimension
+_DIMS_LOCK = threading.Lock()
+_dims_patched = 0   # traces inside `_symbolic_dims_without_cycles`
+
+
+def _canonicalize_dimension(dim):
+  """JAX's `core._canonicalize_dimension` with symbolic dims answered first. JAX's tries
+  `operator.index` and keeps the TypeError in a local: for a symbolic dim the exception,
+  its traceback and the frame form a cycle, which keeps the frames of the whole call
+  (and their tracers) until the cyclic collector runs. Tracing llama2_1b left 172,025
+  such objects (3,409 TypeErrors), whose collection took 0.19-0.21 s of a restarted
+  job's 1.2 s analysis. Same result for every input."""
+  return dim if isinstance(dim, jax_dims.DimExpr) else _JAX_CANONICALIZE_DIMENSION(dim)
+
+
+@contextlib.contextmanager
+def _symbolic_dims_without_cycles():
+  """While tracing, JAX canonicalizes shapes with `_canonicalize_dimension` above. The
+  patch is global: the first trace in sets it, the last out restores JAX's."""
+  global _dims_patched
+  with _DIMS_LOCK:
+    if not _dims_patched:
+      _jax_core._canonicalize_dimension = _canonicalize_dimension
+    _dims_patched += 1
+  try:
+    yield
+  finally:
+    with _DIMS_LOCK:
+      _dims_patched -= 1
+      if not _dims_patched:
+        _jax_core._canonicalize_dimension = _JAX_CANONICALIZE_DIMENSION
+
+
 def _user_frame(tb) -> str | None:
   """The innermost frame of the user's code in a traceback (not JAX, not us)."""
   skip = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
@@ -849,7 +882,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
   name = getattr(fun, "__name__", type(fun).__name__)
   try:
-    with _checkpoints_save_everything() if save_everything else contextlib.nullcontext():
+    with (_checkpoints_save_everything() if save_everything else contextlib.nullcontext(),
+          _symbolic_dims_without_cycles()):
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
           TypeError, ValueError, RecursionError, NotImplementedError) as e:
