@@ -5,7 +5,7 @@
 # encoder-decoder and the annotated scanned Llama (optionally the tests that pin JAX
 # internals, on that machine's jax and CPU). Each stage has its own time limit and
 # writes under $OUT as it goes, so a stage that runs long keeps what the earlier ones
-# measured.
+# measured (the benchmark's rows are in the log as each shape ends).
 #
 #     OUT=/tmp/gpu_check bash experiments/gpu_check.sh      # where a GPU is
 #     BENCH_ARGS="--quick --passes=1" PYTHON=.venv/bin/python bash experiments/gpu_check.sh
@@ -19,18 +19,18 @@ export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 # measuring children (jax_symmem.measure) the whole card, and its own in-use figure is
 # what symmem.jit's budget reads.
 export XLA_PYTHON_CLIENT_PREALLOCATE=false
+# One log for every stage (the device returns at most 8 files): $OUT/gpu_check.log, beside
+# dispatch_overhead.json and one bench_models_gpu_<workload>.json per workload.
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
 
-{
-  date -u
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $PY -c "import sys, jax, jaxlib, flax, optax, chex, sympy; print(sys.version); \
+date -u
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+$PY -c "import sys, jax, jaxlib, flax, optax, chex, sympy; print(sys.version); \
 print({m.__name__: m.__version__ for m in (jax, jaxlib, flax, optax, chex, sympy)}); \
 print(jax.devices())"
-} 2>&1 | tee "$OUT/versions.txt"
 
 echo "== per-call work of symmem.jit beside jax.jit"
-timeout 60 $PY -m experiments.dispatch_overhead --out="$OUT/dispatch_overhead.json" 2>&1 \
-    | tee "$OUT/dispatch_overhead.log"
+timeout 60 $PY -m experiments.dispatch_overhead --out="$OUT/dispatch_overhead.json"
 
 # Defaults sized for one 10-minute call (the device's limit; 2026-12-04 the scanned Llama
 # took 2.5 min there): the scanned Llama, T5, and the scanned Llama with nn.remat (the
@@ -40,8 +40,8 @@ for w in ${GPU_CHECK_WORKLOADS:-llama_scan:200 t5:220 llama_scan_remat:140}; do
   limit=${w##*:}
   echo "== bench_models $name (limit ${limit} s)"
   timeout "$limit" $PY -m experiments.bench_models ${BENCH_ARGS:---geometry=gpu --passes=10} \
-      --workloads="$name" --out="$OUT/bench_models_gpu_$name.json" 2>&1 | tee "$OUT/bench_models_gpu_$name.log"
-  rc=${PIPESTATUS[0]}
+      --workloads="$name" --out="$OUT/bench_models_gpu_$name.json"
+  rc=$?
   echo "== $name: exit $rc"
   # A stage that failed (not one stopped at its limit) stops the benchmark stages: the
   # device time left is better spent on a rerun after the fix.
@@ -53,6 +53,6 @@ if [ "${GPU_CHECK_TEST_LIMIT:-0}" != 0 ]; then
   echo "== tests that pin JAX internals, on this machine's jax (CPU)"
   JAX_PLATFORMS=cpu timeout "$GPU_CHECK_TEST_LIMIT" $PY -m pytest -q -p no:cacheprovider \
       -n 8 tests/test_jax_dims.py tests/test_tracing.py tests/test_body_remat.py \
-      tests/test_xla_buffers.py 2>&1 | tail -30 | tee "$OUT/tests.log"
+      tests/test_xla_buffers.py 2>&1 | tail -30
 fi
 date -u
