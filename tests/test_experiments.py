@@ -1,0 +1,36 @@
+"""Helpers the benchmarks report with (experiments/_common.py)."""
+
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from experiments import _common
+
+
+def test_deviation_tells_adamws_sign_flips_from_gradients():
+  # Two gradients a rounding step apart, one element near zero on either side of it:
+  # AdamW's first update moves that parameter by about +lr and -lr, while the first
+  # moments (0.1 x the gradient) stay a rounding step apart.
+  lr = 1e-3
+  params = {"w": jnp.full((4, 4), 0.05)}
+  tx = optax.adamw(lr)
+  g = np.linspace(-1.0, 1.0, 16, dtype=np.float32).reshape(4, 4)
+  g[0, 0] = 3e-7
+  g_other = g.copy()
+  g_other[0, 0] = -3e-7
+  def step(grad):
+    updates, opt_state = tx.update({"w": jnp.asarray(grad)}, tx.init(params), params)
+    return {"params": optax.apply_updates(params, updates), "opt_state": opt_state}
+  a, b = step(g), step(g_other)
+
+  d = _common.deviation(a, b)
+  assert not _common.trees_close(a, b)
+  assert d["elements_off"] == 1   # the flipped parameter (its first moments are close)
+  # The parameter moved by about 2 x lr, 4 % of the leaf's largest (0.05 + lr).
+  np.testing.assert_allclose(d["largest_off"], 2 * lr, rtol=0.05)
+  assert d["worst_leaf"] > 0.03
+  # The first moments differ by 0.1 x 6e-7 against a largest of 0.1 x 1.
+  np.testing.assert_allclose(d["first_moment_worst_leaf"], 6e-7, rtol=1e-2)
+  assert _common.deviation(a, a) == {"worst_leaf": 0.0, "elements_off": 0,
+                                     "elements": d["elements"], "largest_off": 0.0,
+                                     "first_moment_worst_leaf": 0.0}
