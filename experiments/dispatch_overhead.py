@@ -3,9 +3,9 @@
 On the H200 (2026-12-04) round 0 of the scanned Llama at s=512, the same program as
 jax.jit's, took 25.1 ms a step against jax.jit's 24.7 (median of 10 passes): this
 separates the per-call work (the live-bytes probe, `memory_stats()` on a GPU;
-flattening and binding the dims) from step-time noise. A tiny step (a 64x64 update,
-one argument per layer and parameter kind, as a training state has) is called
-back to back:
+flattening and binding the dims) from step-time noise. A step with next to no work
+(40 arrays of 8x8 scaled, one per layer and parameter kind, as a training state has)
+is called back to back:
 
   * the live-bytes probe (`memory_stats()` of the first device; on the CPU `jax.live_arrays()`);
   * jax.jit, the compiled executable called directly, symmem.jit without a budget and
@@ -49,11 +49,11 @@ def _per_call_us(fn, calls: int) -> float:
 
 def main(argv):
   del argv
-  state = [jnp.full((64, 64), float(i)) for i in range(LEAVES.value)]
-  x = jnp.ones((8, 64))
+  state = [jnp.full((8, 8), float(i)) for i in range(LEAVES.value)]
+  x = jnp.ones((8, 8))
 
-  def step(state, x):
-    return [w - 1e-3 * jnp.mean(x @ w) for w in state], jnp.sum(x)
+  def step(state, x):   # next to no work: the time is the call's
+    return [w * 0.999 for w in state], jnp.sum(x)
 
   fns = {
       "jax.jit": jax.jit(step),
