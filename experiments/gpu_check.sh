@@ -56,3 +56,4 @@ if [ "${GPU_CHECK_TEST_LIMIT:-0}" != 0 ]; then
       tests/test_xla_buffers.py 2>&1 | tail -30
 fi
 date -u
+sleep 1   # the log's tee writes the last lines after this shell's own output
