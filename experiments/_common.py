@@ -74,12 +74,15 @@ def real_peak(spec: str, **kwargs) -> dict:
 # --- calling a step -----------------------------------------------------------------------------
 
 
+RTOL, ATOL = 1e-5, 1e-6   # trees_close's tolerance, which deviation counts elements against
+
+
 def trees_close(a, b) -> bool:
   """Whether two pytrees of arrays agree leaf by leaf (rtol 1e-5, atol 1e-6): the
   experiments' test of "equal to jax.jit's"."""
   import jax
   import numpy as np
-  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=1e-5, atol=1e-6)
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
@@ -106,7 +109,7 @@ def deviation(a, b) -> dict:
       worst = max(worst, leaf)
       if any(getattr(k, "name", None) == "mu" for k in path):
         worst_mu = max(worst_mu or 0.0, leaf)
-    outside = d > 1e-5 * np.abs(y) + 1e-6
+    outside = d > RTOL * np.abs(y) + ATOL
     off, total = off + int(outside.sum()), total + d.size
     largest = max(largest, float(d[outside].max()) if outside.any() else 0.0)
   return {"worst_leaf": worst, "elements_off": off, "elements": total, "largest_off": largest,

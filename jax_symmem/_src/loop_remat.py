@@ -209,8 +209,10 @@ def scan_pairs(program: Program) -> dict[int, LoopState]:
   """Forward scans whose stacked outputs only a backward scan of the same length reads,
   as scanned inputs; keyed by the forward scan's node index."""
   def links(f, b, positions):
-    return (b.name == "scan" and b.params["length"] == f.params["length"]
-            and all(k >= sum(tracing.scan_counts(b.params)) for k in positions))
+    if b.name != "scan" or b.params["length"] != f.params["length"]:
+      return False
+    first_scanned = sum(tracing.scan_counts(b.params))
+    return all(k >= first_scanned for k in positions)
   return _find_pairs(program, "scan",
                      lambda f: range(tracing.scan_counts(f.params)[1], len(f.outputs)),
                      links)
@@ -335,6 +337,7 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
 
 def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup]:
   f, body, parts = state.forward, _body(state.forward), _scan_parts(state)
+  n_consts, _ = tracing.scan_counts(f.params)
   base = _replay(state, state.evicted)
 
   def saving(js) -> Poly:
@@ -342,7 +345,7 @@ def _scan_candidates(graph, fi, state, env) -> list[LoopEviction | ResidualGroup
     carry's bytes are the body's carry input's (the scan's operand may be a literal,
     e.g. a fori_loop's counter starting at 0)."""
     replay = _replay(state, state.evicted | set(js))
-    extra = total(graph.bytes(body.inputs[tracing.scan_counts(f.params)[0] + c])
+    extra = total(graph.bytes(body.inputs[n_consts + c])
                   for c in replay.carries - base.carries if c not in replay.stacked)
     return total(graph.bytes(f.outputs[j]) for j in js) - scan_length(f) * extra
 
