@@ -1,0 +1,138 @@
+"""Training-step idioms of current JAX code that the example models do not use.
+
+One Flax step combines them: float32 master weights with bfloat16 compute,
+`jax.nn.dot_product_attention`, a norm with its own `jax.custom_vjp`, layers under
+`nn.scan` and `nn.remat` with a saving policy, `optax.chain(clip_by_global_norm, adamw)`.
+bfloat16 makes rounding differences large (round 0 under a budget against plain jax.jit,
+whose XNNPACK fusions differ: AdamW's first moments about 1-2 % of their leaf's largest
+apart on this probe's wider sibling), so the references are jax.jit compiled with the
+very XLA options each variant ran with, and the comparison is exact.
+"""
+
+import chex
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import jax_symmem as symmem
+from tests import budgets
+
+D, HEADS, FF, VOCAB, LAYERS = 64, 2, 160, 256, 2
+SHAPES = ("b, s", "b, s")
+CONSTRAINTS = ("s >= 8", "s <= 128", "b <= 4", "s == 8*k")
+
+
+@jax.custom_vjp
+def rms_norm(x, scale):
+  return x * jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6) * scale
+
+
+def _rms_norm_fwd(x, scale):
+  r = jax.lax.rsqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+  return x * r * scale, (x, r, scale)
+
+
+def _rms_norm_bwd(res, g):
+  x, r, scale = res
+  normed = x * r
+  g_scale = jnp.sum(g * normed, axis=tuple(range(g.ndim - 1)))
+  gn = g * scale
+  return r * (gn - normed * jnp.mean(gn * normed, -1, keepdims=True)), g_scale
+
+
+rms_norm.defvjp(_rms_norm_fwd, _rms_norm_bwd)
+
+
+class Block(nn.Module):
+  @nn.compact
+  def __call__(self, x, _):
+    h = rms_norm(x, self.param("attn_norm", nn.initializers.ones, (D,))).astype(jnp.bfloat16)
+    qkv = nn.DenseGeneral((3, HEADS, D // HEADS), dtype=jnp.bfloat16)(h)
+    attn = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
+    x = x + nn.DenseGeneral(D, axis=(-2, -1), dtype=jnp.bfloat16)(attn).astype(jnp.float32)
+    h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
+    h = jax.nn.gelu(nn.Dense(FF, dtype=jnp.bfloat16)(h))
+    return x + nn.Dense(D, dtype=jnp.bfloat16)(h).astype(jnp.float32), None
+
+
+class LM(nn.Module):
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, D)(tokens)
+    layer = nn.remat(Block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+                     prevent_cse=False)
+    x, _ = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
+                   length=LAYERS)(name="layers")(x, None)
+    return nn.Dense(VOCAB)(nn.RMSNorm()(x))
+
+
+_TX = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
+
+
+def train_step(state, tokens, mask):
+  params, opt_state = state
+
+  def loss_fn(p):
+    logits = LM().apply(p, tokens[:, :-1])
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+    return jnp.sum(losses * mask[:, 1:]) / jnp.maximum(jnp.sum(mask[:, 1:]), 1.0)
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = _TX.update(grads, opt_state, params)
+  return loss, (optax.apply_updates(params, updates), opt_state)
+
+
+def _state():
+  params = LM().init(jax.random.PRNGKey(0), jnp.zeros((1, 8), jnp.int32))
+  return params, _TX.init(params)
+
+
+def _batch(b, s):
+  rng = np.random.RandomState(s)
+  lengths = s - rng.randint(0, s // 4, (b, 1))
+  return (jnp.asarray(rng.randint(0, VOCAB, (b, s)), jnp.int32),
+          jnp.asarray(np.arange(s)[None] < lengths, jnp.float32))
+
+
+def _same_options_reference(step, args):
+  call = step.last_call
+  (variant,) = [v for v in step.variants()
+                if v["dims"] == call["dims"] and v["round"] == call["round"]]
+  options = variant["compiler_options"]   # exactly what symmem.jit compiled with
+  return jax.jit(train_step).lower(*args).compile(compiler_options=options)(*args)
+
+
+def test_mixed_precision_step_without_a_budget_is_jax_jit():
+  state = _state()
+  step = symmem.jit(train_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)
+  args = (state, *_batch(4, 64))
+  chex.assert_trees_all_equal(step(*args), jax.jit(train_step)(*args))
+  # Without a budget the step runs as written, with the user's nn.remat.
+  assert step.analyze(*args).rounds[step.last_call["round"]].as_written
+
+
+@pytest.mark.slow
+def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
+  state = _state()
+  longest = (4, 128)
+  args = (state, *_batch(*longest))
+  analysis = symmem.analyze(train_step, *args, polymorphic_shapes=(None, *SHAPES),
+                            constraints=CONSTRAINTS)
+  dims = {"b": 4, "s": 128, "k": 16}
+  budget = budgets.tight_budget(analysis, dims, args)
+  step = symmem.jit(train_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS,
+                    memory_budget=budget)
+  rounds = []
+  for b, s in ((2, 16), longest):
+    args = (state, *_batch(b, s))
+    out = step(*args)
+    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
+    chex.assert_trees_all_equal(out, _same_options_reference(step, args))
+    rounds.append(step.last_call["round"])
+    del out   # live arrays count against the budget of the next call
+  as_written = analysis.as_written_round
+  assert rounds[0] == 0 != as_written   # the short batch skips the user's recomputation
+  assert rounds[1] > 0                  # the long one evicts
