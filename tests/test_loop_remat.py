@@ -25,7 +25,7 @@ from jax_symmem.examples import gpt2
 from jax_symmem.examples import llama
 
 
-def _scanned_loss(activations, n_layers, seq_axis_mix):
+def _scanned_loss(activations, n_layers, seq_axis_mix, unroll=1):
   """A scan over stacked layer weights with several residual kinds per layer."""
   acts = [jnp.tanh, jax.nn.gelu, jax.nn.relu, jnp.sin]
 
@@ -38,7 +38,7 @@ def _scanned_loss(activations, n_layers, seq_axis_mix):
       if seq_axis_mix:   # an (s, s) residual: attention-like mixing along the sequence
         a = jax.nn.softmax(a @ jnp.swapaxes(a, -1, -2), axis=-1) @ a
       return h + a @ w2, None
-    h, _ = jax.lax.scan(layer, x, ws, length=n_layers)
+    h, _ = jax.lax.scan(layer, x, ws, length=n_layers, unroll=unroll)
     return jnp.mean(h ** 2)
   return jax.value_and_grad(loss)
 
@@ -105,6 +105,25 @@ def test_every_round_of_a_scanned_program_computes_what_jax_jit_does(
   dims = {"b": b, "s": s}
   for k in range(len(analysis.rounds)):
     _assert_close_per_leaf(_run_round(analysis, k, dims, args), ref)
+
+
+# 3 layers: unroll=2 leaves a remainder (JAX splits the stacked inputs and concatenates the
+# outputs), unroll=True is straight-line code in which XLA merges a regeneration back into
+# the forward pass.
+@pytest.mark.parametrize("unroll", [2, True])
+def test_rewritten_scans_run_one_iteration_at_a_time_whatever_the_traced_unroll(unroll):
+  spec, cons = (None, "b, s, _"), ("s <= 64", "b <= 4")
+  rolled, unrolled = (_scanned_loss((0, 1), 3, True, unroll=u) for u in (1, unroll))
+  plans = [symmem.analyze(f, *_args(3, 2, 8), polymorphic_shapes=spec, constraints=cons)
+           for f in (rolled, unrolled)]
+  assert [len(p.rounds) for p in plans] == [len(plans[0].rounds)] * 2
+  last = len(plans[0].rounds) - 1
+  assert _loop_evictions(plans[1]) and last > 0
+  dims, args = {"b": 4, "s": 64}, _args(3, 4, 64, seed=1)
+  flat = jax.tree_util.tree_leaves(args)
+  xla = [_xla_bytes(variants.round_function(p, last, dims), flat) for p in plans]
+  assert xla[1] == xla[0], xla   # what the plan counts: one iteration's residuals at a time
+  _assert_close_per_leaf(_run_round(plans[1], last, dims, args), jax.jit(unrolled)(*args))
 
 
 def _normed_loss(n_layers):
