@@ -97,12 +97,12 @@ def _batch(b, s):
           jnp.asarray(np.arange(s)[None] < lengths, jnp.float32))
 
 
-def _same_options_reference(step, args):
+def _same_options_reference(step, args, fn=train_step):
   call = step.last_call
   (variant,) = [v for v in step.variants()
                 if v["dims"] == call["dims"] and v["round"] == call["round"]]
   options = variant["compiler_options"]   # exactly what symmem.jit compiled with
-  return jax.jit(train_step).lower(*args).compile(compiler_options=options)(*args)
+  return jax.jit(fn).lower(*args).compile(compiler_options=options)(*args)
 
 
 def test_mixed_precision_step_without_a_budget_is_jax_jit():
@@ -136,3 +136,85 @@ def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
   as_written = analysis.as_written_round
   assert rounds[0] == 0 != as_written   # the short batch skips the user's recomputation
   assert rounds[1] > 0                  # the long one evicts
+
+
+# --- Memory-efficient attention inside scanned layers -------------------------------------------
+# Attention as a scan over key chunks with an online softmax and its body under
+# jax.checkpoint (Rabe & Staats), in layers scanned over stacked weights: a forward/backward
+# scan pair whose bodies hold another, with a trip count that is a dim (s // CHUNK).
+
+CHUNK = 16
+
+
+def _chunked_attention(q, k, v):
+  b, s, h, d = q.shape
+  chunks = lambda x: x.reshape(b, s // CHUNK, CHUNK, h, d).swapaxes(0, 1)
+
+  def body(carry, inp):
+    top, total, acc = carry
+    kb, vb, j = inp
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, kb) / np.sqrt(d)
+    causal = jnp.arange(s)[:, None] >= j * CHUNK + jnp.arange(CHUNK)[None, :]
+    scores = jnp.where(causal, scores, -1e30)
+    new_top = jnp.maximum(top, scores.max(-1))
+    p = jnp.exp(scores - new_top[..., None])
+    scale = jnp.exp(top - new_top)
+    return (new_top, total * scale + p.sum(-1),
+            acc * scale[..., None] + jnp.einsum("bhqk,bkhd->bhqd", p, vb)), None
+
+  init = (jnp.full((b, h, s), -1e30), jnp.zeros((b, h, s)), jnp.zeros((b, h, s, d)))
+  (_, total, acc), _ = jax.lax.scan(jax.checkpoint(body), init,
+                                    (chunks(k), chunks(v), jnp.arange(s // CHUNK)))
+  return (acc / total[..., None]).transpose(0, 2, 1, 3)
+
+
+def _chunked_step(state, tokens, mask):
+  params, opt_state = state
+
+  def layer(x, w):
+    wqkv, wo, w1, w2 = w
+    b, s, _ = x.shape
+    h = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+    q, k, v = (t.reshape(b, s, HEADS, D // HEADS) for t in jnp.split(h @ wqkv, 3, -1))
+    x = x + _chunked_attention(q, k, v).reshape(b, s, D) @ wo
+    h = x / jnp.sqrt(jnp.mean(x * x, -1, keepdims=True) + 1e-6)
+    return x + jax.nn.gelu(h @ w1) @ w2, None
+
+  def loss_fn(p):
+    x, _ = jax.lax.scan(layer, p["embed"][tokens[:, :-1]], p["layers"])
+    losses = optax.softmax_cross_entropy_with_integer_labels(x @ p["embed"].T, tokens[:, 1:])
+    return jnp.sum(losses * mask[:, 1:]) / jnp.maximum(jnp.sum(mask[:, 1:]), 1.0)
+
+  loss, grads = jax.value_and_grad(loss_fn)(params)
+  updates, opt_state = _TX.update(grads, opt_state, params)
+  return loss, (optax.apply_updates(params, updates), opt_state)
+
+
+def _chunked_state():
+  keys = jax.random.split(jax.random.PRNGKey(0), 5)
+  shapes = ((D, 3 * D), (D, D), (D, FF), (FF, D))
+  params = {"embed": jax.random.normal(keys[0], (VOCAB, D)) * 0.05,
+            "layers": tuple(jax.random.normal(k, (LAYERS, *s)) * 0.05
+                            for k, s in zip(keys[1:], shapes))}
+  return params, _TX.init(params)
+
+
+@pytest.mark.slow
+def test_chunked_attention_in_scanned_layers_runs_under_a_budget_like_jax_jit():
+  shapes, constraints = ("b, s", "b, s"), ("s >= 17", "s <= 129", "b <= 4", "s == 16*k + 1")
+  state = _chunked_state()
+  longest = (state, *_batch(4, 129))
+  analysis = symmem.analyze(_chunked_step, *longest, polymorphic_shapes=(None, *shapes),
+                            constraints=constraints)
+  dims = {"b": 4, "s": 129, "k": 8}
+  budget = budgets.tight_budget(analysis, dims, longest)
+  step = symmem.jit(_chunked_step, polymorphic_shapes=(None, *shapes), constraints=constraints,
+                    memory_budget=budget)
+  for b, s in ((2, 33), (4, 129)):
+    args = (state, *_batch(b, s))
+    out = step(*args)
+    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
+    chex.assert_trees_all_close(out, _same_options_reference(step, args, _chunked_step),
+                                rtol=1e-5, atol=1e-6)
+    del out
+  assert step.last_call["round"] != 0   # the long batch recomputes
