@@ -78,11 +78,11 @@ RTOL, ATOL = 1e-5, 1e-6   # trees_close's tolerance, which deviation counts elem
 
 
 def trees_close(a, b) -> bool:
-  """Whether two pytrees of arrays agree leaf by leaf (rtol 1e-5, atol 1e-6): the
-  experiments' test of "equal to jax.jit's"."""
+  """Whether two pytrees of arrays agree leaf by leaf (rtol 1e-5, atol 1e-6; a NaN where
+  the other has one too): the experiments' test of "equal to jax.jit's"."""
   import jax
   import numpy as np
-  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL)
+  return all(np.allclose(np.asarray(x), np.asarray(y), rtol=RTOL, atol=ATOL, equal_nan=True)
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
@@ -103,13 +103,15 @@ def deviation(a, b) -> dict:
   paths = jax.tree_util.tree_flatten_with_path(b)[0]
   for x, (path, y) in zip(jax.tree_util.tree_leaves(a), paths):
     x, y = np.asarray(x, np.float64), np.asarray(y, np.float64)
-    d = np.abs(x - y)
+    # NaN in both counts as equal (as in trees_close), NaN in one as infinitely far.
+    d = np.where(np.isnan(x) & np.isnan(y), 0.0, np.abs(x - y))
+    d[np.isnan(d)] = np.inf
     if d.size:
-      leaf = float(d.max()) / (float(np.abs(y).max()) or 1.0)
+      leaf = float(d.max()) / (float(np.nanmax(np.abs(y), initial=0.0)) or 1.0)
       worst = max(worst, leaf)
       if any(getattr(k, "name", None) == "mu" for k in path):
         worst_mu = max(worst_mu or 0.0, leaf)
-    outside = d > RTOL * np.abs(y) + ATOL
+    outside = d > RTOL * np.nan_to_num(np.abs(y)) + ATOL
     off, total = off + int(outside.sum()), total + d.size
     largest = max(largest, float(d[outside].max()) if outside.any() else 0.0)
   return {"worst_leaf": worst, "elements_off": off, "elements": total, "largest_off": largest,

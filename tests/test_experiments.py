@@ -34,3 +34,14 @@ def test_deviation_tells_adamws_sign_flips_from_gradients():
   assert _common.deviation(a, a) == {"worst_leaf": 0.0, "elements_off": 0,
                                      "elements": d["elements"], "largest_off": 0.0,
                                      "first_moment_worst_leaf": 0.0}
+
+
+def test_a_nan_in_one_tree_is_off_and_in_both_is_equal():
+  a = {"w": jnp.asarray([1.0, np.nan, 3.0])}
+  assert _common.trees_close(a, a)
+  assert _common.deviation(a, a)["elements_off"] == 0
+  b = {"w": jnp.asarray([1.0, 2.0, 3.0])}
+  assert not _common.trees_close(a, b)
+  d = _common.deviation(a, b)
+  assert d["elements_off"] == 1 and d["worst_leaf"] == np.inf and d["largest_off"] == np.inf
+  assert _common.deviation(b, a)["elements_off"] == 1
