@@ -50,6 +50,33 @@ def test_equals_xla_where_nothing_fuses(n):
     assert an.round_peak(0, dims) == xla
 
 
+@pytest.mark.parametrize("n", [32, 512, 1024])
+def test_equals_xla_on_bfloat16_dots_as_xla_cpu_computes_them(n):
+  # XLA:CPU dots read float32 copies of 16-bit arguments (x, w), the values it makes are
+  # float32 (h, g), the bfloat16 output is made in float32 first.
+  x, w = jnp.ones((8, 64), jnp.bfloat16), jnp.ones((64, 64), jnp.bfloat16)
+  an = symmem.analyze(_dots, x, w, polymorphic_shapes=("n, _", None),
+                      constraints=("n <= 4096",))
+  dims = {"n": n}
+  xla = budgets.xla_bytes(an, 0, dims, (jnp.ones((n, 64), jnp.bfloat16), w))
+  assert an.round_footprint(0, dims) == xla
+  assert an.round_peak(0, dims) < 0.6 * xla   # the op-by-op model holds 16-bit values
+
+
+def test_a_bfloat16_compute_flax_step_as_xla_cpu_stores_it(monkeypatch):
+  from tests import test_idioms   # float32 parameters, bfloat16 compute, scanned layers
+  args = (test_idioms._state(), *test_idioms._batch(2, 64))
+  dims = {"b": 2, "s": 64, "k": 8}
+  analyze = lambda: symmem.analyze(test_idioms.train_step, *args,
+                                   polymorphic_shapes=(None, *test_idioms.SHAPES),
+                                   constraints=test_idioms.CONSTRAINTS)
+  an = analyze()
+  xla = budgets.xla_bytes(an, 0, dims, args)
+  assert 0.9 * xla <= an.round_footprint(0, dims) <= 1.1 * xla
+  monkeypatch.setattr(xla_buffers, "HALF_AS_FLOAT32", False)   # as on a GPU
+  assert analyze().round_footprint(0, dims) < 0.8 * xla
+
+
 def test_a_donated_argument_holds_the_output():
   an, _ = _dots_analysis()
   r, dims = an.rounds[0], {"n": 512}

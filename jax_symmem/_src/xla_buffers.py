@@ -98,6 +98,28 @@ FUSES_INTO = FUSIBLE | frozenset("dynamic_update_slice scatter-add split".split(
 # the loops that read it (XLA's while-loop constant sinking), to be fused there.
 _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 
+# 16-bit floats on XLA:CPU: it computes bfloat16 / float16 ops in float32 and, allowed excess
+# precision (its default), drops the conversions to 16 bits and back between them, so a
+# value the program makes in 16 bits is stored as float32, but for its results and what it
+# writes into a loop's buffers (their types are the program's). Dots have no 16-bit kernel:
+# one reading a 16-bit argument reads a float32 copy of it (one copy for all such dots),
+# and one returning a result stored in 16 bits makes it in float32 first. Measured against
+# `memory_analysis()` on CPU (2026-12-04; `tests/test_xla_buffers.py`): exact on a chain of
+# bfloat16 dots; on Flax steps with bfloat16 compute (float32 or bfloat16 parameters,
+# scanned or unrolled layers, b=2..4, s=64..256, first, middle and last rounds) 0.60-1.20 x
+# XLA's figure, where counting 16 bits read 0.50-0.96. XLA:GPU runs 16-bit ops as they
+# are. None: decided by the default backend (`stores_half_as_float32`).
+HALF_FLOATS = frozenset({"bfloat16", "float16"})
+HALF_AS_FLOAT32: bool | None = None
+
+
+def stores_half_as_float32() -> bool:
+  """Whether XLA stores this process's 16-bit float values as float32 (on CPU)."""
+  if HALF_AS_FLOAT32 is not None:
+    return HALF_AS_FLOAT32
+  import jax
+  return jax.default_backend() == "cpu"
+
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
                  order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True,
@@ -112,6 +134,7 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   arguments = sum(size[v] for v in program.inputs)
   stored = _stored(program, fusion, kept=frozenset(kept))
   size, draws = _with_counters(graph, stored, size, frozenset(pinned))
+  size, upcasts = _with_float32_halves(program, stored, size)
   pos = np.empty(len(order), np.int64)
   pos[np.asarray(order, np.int64)] = np.arange(len(order))
   start, end = stored.live_ranges(pos)
@@ -124,11 +147,13 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
                      else (memory.transient_at(graph, node, env),))]
   parts += [(pos[i], size[x]) for i, x in stored.dot_copies if size[x]]
   parts += [(pos[i], b) for i, b in draws]
-  if parts:
-    at = np.asarray([p for p, _ in parts], np.int64)
-    sizes = np.concatenate([sizes, np.asarray([b for _, b in parts], np.int64)])
-    start, end = np.concatenate([start, at]), np.concatenate([end, at])
-    is_output = np.concatenate([is_output, np.zeros(len(at), bool)])
+  spans = [(p, p, b) for p, b in parts] + [
+      (int(pos[list(nodes)].min()), int(pos[list(nodes)].max()), b) for nodes, b in upcasts]
+  if spans:
+    first, last, extra = (np.asarray(c, np.int64) for c in zip(*spans))
+    sizes = np.concatenate([sizes, extra])
+    start, end = np.concatenate([start, first]), np.concatenate([end, last])
+    is_output = np.concatenate([is_output, np.zeros(len(extra), bool)])
   spare = sorted(size[program.inputs[k]] for k in frozenset(donated))   # donated buffers outputs reuse
   # Biggest first; at equal size an output first; then by when it is made.
   by_xla = np.lexsort((start, ~is_output, -sizes))
@@ -179,15 +204,20 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       stored = _stored(body, True, streamed, carried, sliced)
       value_bytes = graph.bytes_at(env, body.value_ids())
       size, draws = _with_counters(graph, stored, value_bytes)
+      size, upcasts = _with_float32_halves(body, stored, size)
       start, end = stored.live_ranges(np.arange(n))
       sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
+      if upcasts:   # in the body's order, which is its node order
+        sizes = np.concatenate([sizes, [b for _, b in upcasts]])
+        start = np.concatenate([start, [min(nodes) for nodes, _ in upcasts]])
+        end = np.concatenate([end, [max(nodes) for nodes, _ in upcasts]])
       live = np.zeros(n + 1, np.int64)
       np.add.at(live, start, sizes)
       np.add.at(live, end + 1, -sizes)
       live = np.cumsum(live)[:n]
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
-      for i, b in [(i, size[x]) for i, x in stored.dot_copies] + list(draws):
+      for i, b in [(i, size[x]) for i, x in stored.dot_copies] + draws:
         if b:
           inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
@@ -222,6 +252,47 @@ def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int],
       size[v] = 2 * word
       parts += [(i, word), (i, word)]
   return size, parts
+
+
+def _with_float32_halves(program: Program, stored: "_Stored", size: dict[int, int]
+                         ) -> tuple[dict[int, int], list[tuple[tuple[int, ...], int]]]:
+  """(`size` with the 16-bit values XLA stores as float32 doubled, [(nodes, bytes)] of the
+  float32 temporaries of dots, each live from the first of its nodes to run to the last:
+  an argument's copy, a 16-bit result's float32 original at its dot), where XLA stores
+  16-bit floats as float32 (`stores_half_as_float32`); else (`size`, [])."""
+  if not (stored.halves or stored.half_dots) or not stores_half_as_float32():
+    return size, []
+  copies: dict = {}   # an argument or constant (by id) -> (it, the dots that read it)
+  for i, operands, _ in stored.half_dots:
+    for x in operands:
+      if isinstance(x, Const) or x not in stored.halves:
+        copies.setdefault(id(x) if isinstance(x, Const) else x, (x, []))[1].append(i)
+  spans = [(tuple(nodes), 2 * (int(x.aval.size) * x.aval.dtype.itemsize
+                               if isinstance(x, Const) else size[x]))
+           for x, nodes in copies.values()]
+  spans += [((i,), 2 * size[o]) for i, _, results in stored.half_dots
+            for o in results if o not in stored.halves]
+  size = dict(size)   # (bytes_at's dict is the graph's own)
+  for x in stored.halves:
+    size[x] *= 2
+  return size, spans
+
+
+def _half_dots(program: Program, alias: Mapping[int, int]
+               ) -> tuple[tuple[int, tuple, tuple[int, ...]], ...]:
+  """(node, 16-bit float operands (buffers, aliases resolved), 16-bit float results) of
+  each dot that has any."""
+  half = lambda x: str((x.aval if isinstance(x, Const) else program.avals[x]).dtype) in HALF_FLOATS
+  out = []
+  for node in program.nodes:
+    if node.name != "dot_general":
+      continue
+    operands = tuple(dict.fromkeys(x if isinstance(x, Const) else alias.get(x, x)
+                                   for x in node.inputs if half(x)))
+    results = tuple(o for o in node.outputs if half(o))
+    if operands or results:
+      out.append((node.index, operands, results))
+  return tuple(out)
 
 
 def _hoisted_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int]
@@ -305,6 +376,9 @@ class _Stored:
   dot_copies: tuple[tuple[int, int], ...] = ()   # (node, value id): `_copied_operands`
   draws: tuple[tuple[int, int], ...] = ()        # (node, value id): random draws' results
   working: tuple[Node, ...] = ()                 # nodes with a working set (memory's)
+  half_dots: tuple = ()                          # `_half_dots`, where `fusion`
+  halves: frozenset = frozenset()                # 16-bit owned values not results or
+                                                 #   written into a loop's buffers
 
   def live_ranges(self, pos: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(first step, last step) of each owned buffer, in positions of an order (`pos`:
@@ -389,7 +463,11 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                    _copied_operands(program) if fusion else (),
                    tuple((n.index, n.outputs[0]) for n in program.nodes
                          if fusion and n.name == "random_bits" and n.outputs[0] in index),
-                   memory.working_nodes(program))
+                   memory.working_nodes(program),
+                   _half_dots(program, alias) if fusion else (),
+                   frozenset(v for v in owned if fusion and v not in outputs
+                             and v not in streamed and v not in carried
+                             and str(program.avals[v].dtype) in HALF_FLOATS))
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
