@@ -48,6 +48,15 @@ for w in ${GPU_CHECK_WORKLOADS:-llama_scan:200 t5:220 llama_scan_remat:140}; do
   if [ "$rc" != 0 ] && [ "$rc" != 124 ]; then break; fi
 done
 
+# Off by default (GPU_CHECK_HALF_FLOATS=<seconds>, about 90): does counting 16 bits match
+# XLA:GPU's figure on the bfloat16-compute steps (on CPU XLA stores them as float32)?
+if [ "${GPU_CHECK_HALF_FLOATS:-0}" != 0 ]; then
+  echo "== bench_half_floats (limit ${GPU_CHECK_HALF_FLOATS} s)"
+  timeout "$GPU_CHECK_HALF_FLOATS" $PY -m experiments.bench_half_floats \
+      --out="$OUT/bench_half_floats_gpu.json"
+  echo "== bench_half_floats: exit $?"
+fi
+
 # Off by default: .ci/next_jax.sh runs the whole suite on a newer jax without a device.
 if [ "${GPU_CHECK_TEST_LIMIT:-0}" != 0 ]; then
   echo "== tests that pin JAX internals, on this machine's jax (CPU)"

@@ -107,7 +107,7 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 # against `memory_analysis()` on CPU (2026-12-04): exact on a chain of bfloat16 dots
 # (`tests/test_xla_buffers.py`); on six Flax steps with bfloat16 compute, 36 rounds
 # (`python -m experiments.bench_half_floats`), 0.66-1.33 x XLA's figure, all within
-# 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within). Over by 10-39 %: the
+# 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within). Over by 6-33 %: the
 # unrolled steps' rounds that recompute, where XLA keeps more in 16 bits (not understood).
 # XLA:GPU runs 16-bit ops as they are. None: decided by the default backend
 # (`stores_half_as_float32`).
