@@ -12,6 +12,8 @@ a small random config, no download) with AdamW and a masked token loss:
         the real tokens
   mistral  FlaxMistralForCausalLMModule: grouped-query attention, rotary positions, a
         sliding window of 128 (below the longer lengths), padded rows
+  gpt2_bf16, mistral_bf16  the same GPT-2 and Mistral computing in bfloat16 (the modules'
+        `dtype`; parameters and optimizer state float32)
   t5_dropout  the same T5 with its config's default dropout (0.1, on the hidden states
         and the attention probabilities) drawn from a key passed with each batch
   t5_checkpointed, bert_checkpointed  the same T5 and BERT with the library's own
@@ -30,7 +32,8 @@ recomputes every layer at every shape, as `jax.jit` compiles it and with the var
 options (median and fastest of `--passes` interleaved passes): where memory allows, the
 plan runs the step without that recomputation.
 
-  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed]
+  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
+                                               gpt2_bf16,mistral_bf16]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -98,12 +101,12 @@ def _t5(gradient_checkpointing: bool = False, dropout: float = 0.0):
               constraints=("s >= 2", "s <= 512", "t >= 2", "t <= 256", "b <= 4"))
 
 
-def _gpt2():
+def _gpt2(dtype=jnp.float32):
   from transformers import GPT2Config
   from transformers.models.gpt2.modeling_flax_gpt2 import FlaxGPT2LMHeadModule
   cfg = GPT2Config(vocab_size=512, n_positions=512, n_embd=128, n_layer=3, n_head=4,
                    resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-  return _causal_lm(FlaxGPT2LMHeadModule(cfg, dtype=jnp.float32), padded=False)
+  return _causal_lm(FlaxGPT2LMHeadModule(cfg, dtype=dtype), padded=False)
 
 
 def _causal_lm(module, padded: bool):
@@ -199,13 +202,13 @@ def _bert(gradient_checkpointing: bool = False):
               constraints=("s >= 2", "s <= 512", "b <= 4"))
 
 
-def _mistral():
+def _mistral(dtype=jnp.float32):
   from transformers import MistralConfig
   from transformers.models.mistral.modeling_flax_mistral import FlaxMistralForCausalLMModule
   cfg = MistralConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                       sliding_window=128, tie_word_embeddings=False)
-  return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=jnp.float32), padded=True)
+  return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=dtype), padded=True)
 
 
 def _padding_mask(b, s):
@@ -221,7 +224,10 @@ def _padding_mask(b, s):
 MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mistral,
           "t5_dropout": functools.partial(_t5, dropout=0.1),
           "t5_checkpointed": functools.partial(_t5, gradient_checkpointing=True),
-          "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True)}
+          "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True),
+          # computing in bfloat16 with float32 parameters, as the library's `dtype` does it
+          "gpt2_bf16": functools.partial(_gpt2, dtype=jnp.bfloat16),
+          "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16)}
 # Models whose step holds the library's own remat regions: timed against jax.jit.
 CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed"))
 LENGTHS = (64, 256, 512)
