@@ -114,28 +114,39 @@ def test_mixed_precision_step_without_a_budget_is_jax_jit():
   assert step.analyze(*args).rounds[step.last_call["round"]].as_written
 
 
+def _under_a_tight_budget(fn, longest_args, constraints, dims):
+  """(the analysis, the budget, symmem.jit of `fn` under `budgets.tight_budget` at the
+  longest batch's `dims`)."""
+  analysis = symmem.analyze(fn, *longest_args, polymorphic_shapes=(None, *SHAPES),
+                            constraints=constraints)
+  budget = budgets.tight_budget(analysis, dims, longest_args)
+  return analysis, budget, symmem.jit(fn, polymorphic_shapes=(None, *SHAPES),
+                                      constraints=constraints, memory_budget=budget)
+
+
+def _rounds_run_within(step, budget, fn, batches, assert_equal) -> list[int]:
+  """Calls `step` on each batch, checking it fits the budget by XLA's figure and equals
+  `fn` under jax.jit with the variant's options; returns the rounds that ran."""
+  rounds = []
+  for args in batches:
+    out = step(*args)
+    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
+    assert_equal(out, _same_options_reference(step, args, fn))
+    rounds.append(step.last_call["round"])
+    del out   # live arrays count against the budget of the next call
+  return rounds
+
+
 @pytest.mark.slow
 def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
   state = _state()
-  longest = (4, 128)
-  args = (state, *_batch(*longest))
-  analysis = symmem.analyze(train_step, *args, polymorphic_shapes=(None, *SHAPES),
-                            constraints=CONSTRAINTS)
-  dims = {"b": 4, "s": 128, "k": 16}
-  budget = budgets.tight_budget(analysis, dims, args)
-  step = symmem.jit(train_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS,
-                    memory_budget=budget)
-  rounds = []
-  for b, s in ((2, 16), longest):
-    args = (state, *_batch(b, s))
-    out = step(*args)
-    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
-    chex.assert_trees_all_equal(out, _same_options_reference(step, args))
-    rounds.append(step.last_call["round"])
-    del out   # live arrays count against the budget of the next call
-  as_written = analysis.as_written_round
-  assert rounds[0] == 0 != as_written   # the short batch skips the user's recomputation
-  assert rounds[1] > 0                  # the long one evicts
+  analysis, budget, step = _under_a_tight_budget(
+      train_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
+  rounds = _rounds_run_within(step, budget, train_step,
+                              [(state, *_batch(b, s)) for b, s in ((2, 16), (4, 128))],
+                              chex.assert_trees_all_equal)
+  assert rounds[0] == 0 != analysis.as_written_round   # the short batch skips the user's
+  assert rounds[1] > 0                                 # recomputation, the long one evicts
 
 
 # --- Memory-efficient attention inside scanned layers -------------------------------------------
@@ -201,20 +212,11 @@ def _chunked_state():
 
 @pytest.mark.slow
 def test_chunked_attention_in_scanned_layers_runs_under_a_budget_like_jax_jit():
-  shapes, constraints = ("b, s", "b, s"), ("s >= 17", "s <= 129", "b <= 4", "s == 16*k + 1")
   state = _chunked_state()
-  longest = (state, *_batch(4, 129))
-  analysis = symmem.analyze(_chunked_step, *longest, polymorphic_shapes=(None, *shapes),
-                            constraints=constraints)
-  dims = {"b": 4, "s": 129, "k": 8}
-  budget = budgets.tight_budget(analysis, dims, longest)
-  step = symmem.jit(_chunked_step, polymorphic_shapes=(None, *shapes), constraints=constraints,
-                    memory_budget=budget)
-  for b, s in ((2, 33), (4, 129)):
-    args = (state, *_batch(b, s))
-    out = step(*args)
-    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
-    chex.assert_trees_all_close(out, _same_options_reference(step, args, _chunked_step),
-                                rtol=1e-5, atol=1e-6)
-    del out
-  assert step.last_call["round"] != 0   # the long batch recomputes
+  _, budget, step = _under_a_tight_budget(
+      _chunked_step, (state, *_batch(4, 129)),
+      ("s >= 17", "s <= 129", "b <= 4", "s == 16*k + 1"), {"b": 4, "s": 129, "k": 8})
+  close = lambda a, b: chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
+  rounds = _rounds_run_within(step, budget, _chunked_step,
+                              [(state, *_batch(b, s)) for b, s in ((2, 33), (4, 129))], close)
+  assert rounds[1] != 0   # the long batch recomputes
