@@ -39,7 +39,7 @@ def _loss(attention):
   return loss
 
 
-def _step(attention):
+def _step(attention, unroll=1):
   """SGD on gradients accumulated over the microbatches: a scan whose body runs
   value_and_grad, as gradient-accumulation code writes it."""
   loss = _loss(attention)
@@ -47,7 +47,8 @@ def _step(attention):
     def body(grads, batch):
       value, g = jax.value_and_grad(loss)(params, *batch)
       return jax.tree.map(jnp.add, grads, g), value
-    grads, losses = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), (tokens, mask))
+    grads, losses = jax.lax.scan(body, jax.tree.map(jnp.zeros_like, params), (tokens, mask),
+                                 unroll=unroll)
     return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads), losses.mean()
   return step
 
@@ -184,18 +185,37 @@ def test_body_rounds_compile_with_the_default_scheduler():
   assert options.items() <= variants.CPU_COMPILER_OPTIONS.items()
 
 
+def _footprint(analysis, k, dims, flat):
+  """XLA's footprint of round k at dims, compiled as symmem.jit compiles it under a budget."""
+  from experiments import _common
+  lowered = jax.jit(variants.round_function(analysis, k, dims)).lower(*flat)
+  compiled = lowered.compile(compiler_options=variants.round_options(analysis, k))
+  return _common.xla_memory(compiled)["footprint"]
+
+
+def test_a_rebuilt_body_runs_one_microbatch_at_a_time_whatever_the_traced_unroll():
+  # unroll=2 over m=3 microbatches: XLA would run two bodies' recomputations per trip and
+  # split and concatenate the stacked losses; the rebuilt scan runs rolled, as planned.
+  unrolled = symmem.analyze(_step(True, unroll=2), _params(), *_batch(2, 2, 8),
+                            polymorphic_shapes=SHAPES, constraints=CONSTRAINTS)
+  rolled = _analyze(True)
+  assert len(unrolled.rounds) == len(rolled.rounds) and _body_evictions(unrolled)
+  last = len(rolled.rounds) - 1
+  dims, args = {"m": 3, "b": 4, "s": 64}, (_params(seed=2), *_batch(3, 4, 64, seed=3))
+  flat = jax.tree_util.tree_leaves(args)
+  assert _footprint(unrolled, last, dims, flat) == _footprint(rolled, last, dims, flat)
+  chex.assert_trees_all_close(_run_round(unrolled, last, dims, args),
+                              jax.jit(_step(True, unroll=2))(*args), rtol=2e-5, atol=1e-6)
+
+
 def test_the_last_body_round_lowers_what_xla_allocates():
   # The recomputation stays inside the loop in XLA: the last round's footprint, compiled
   # as symmem.jit compiles it under a budget, is well below round 0's.
-  from experiments import _common
   analysis = _analyze(True)
   dims = {"m": 2, "b": 4, "s": 64}
   flat = jax.tree_util.tree_leaves((_params(), *_batch(2, 4, 64)))
-  def footprint(k):
-    lowered = jax.jit(variants.round_function(analysis, k, dims)).lower(*flat)
-    compiled = lowered.compile(compiler_options=variants.round_options(analysis, k))
-    return _common.xla_memory(compiled)["footprint"]
-  first, last = footprint(0), footprint(len(analysis.rounds) - 1)
+  first = _footprint(analysis, 0, dims, flat)
+  last = _footprint(analysis, len(analysis.rounds) - 1, dims, flat)
   assert last < 0.8 * first, (last, first)
 
 
