@@ -103,16 +103,17 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 # value the program makes in 16 bits is stored as float32, but for its results and what it
 # writes into a loop's buffers (their types are the program's). Dots have no 16-bit
 # kernel: one reading a 16-bit argument reads a float32 copy of it (one copy for all such
-# dots), and one returning a result stored in 16 bits makes it in float32 first. Measured
-# against `memory_analysis()` on CPU (2026-12-04): exact on a chain of bfloat16 dots
+# dots); its 16-bit result is made in float32 first (a temporary at the dot) and, where a
+# loop reads it (attention scores read by the mask and the softmax), converted to 16 bits
+# once and stored so; read by dots only, it stays float32. Measured against
+# `memory_analysis()` on CPU (2026-12-04): exact on a chain of bfloat16 dots
 # (`tests/test_xla_buffers.py`); on six Flax steps with bfloat16 compute, 36 rounds
-# (`python -m experiments.bench_half_floats`), 0.66-1.33 x XLA's figure, all within
-# 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within). Over by 6-33 %: the
-# unrolled steps' rounds that recompute, where XLA keeps more in 16 bits (not understood).
-# float16 (ad hoc): the dot chain exact; the scanned Flax step computing in float16, round 0
-# 1.12-1.19 x XLA (16 bits: 0.91-0.94), its last round 0.99-1.03 (0.87-0.97).
-# XLA:GPU runs 16-bit ops as they are. None: decided by the default backend
-# (`stores_half_as_float32`).
+# (`python -m experiments.bench_half_floats`), 0.65-1.23 x XLA's figure (mean |error|
+# 0.089), all within 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within).
+# Over by 13-23 %: the unrolled steps' rounds that recompute at b=4, s=256. float16 (ad
+# hoc): the dot chain exact; the scanned Flax step computing in float16, round 0 1.12-1.19
+# x XLA (16 bits: 0.91-0.94), its last round 0.99-1.03 (0.87-0.97). XLA:GPU runs 16-bit
+# ops as they are. None: decided by the default backend (`stores_half_as_float32`).
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 HALF_AS_FLOAT32: bool | None = None
 
@@ -454,6 +455,14 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
         read_value.append(k)
   outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
+  # A dot's 16-bit result that a loop (not only dots) reads is converted to 16 bits once
+  # and stored so (`HALF_FLOATS`); one that only dots read stays float32.
+  only_dots_read: dict[int, bool] = {}
+  for node in program.nodes:
+    for x in set(node.operands):
+      only_dots_read[x] = only_dots_read.get(x, True) and node.name == "dot_general"
+  converted_dot_results = {o for node in program.nodes if node.name == "dot_general"
+                           for o in node.outputs if not only_dots_read.get(o, True)}
   reshaped = _reshaped_dots(program)
   in_place = tuple((index[v], index[u]) for node in dataflow
                    if node.name in IN_PLACE and len(node.outputs) == 1
@@ -471,6 +480,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                    _half_dots(program, alias) if fusion else (),
                    frozenset(v for v in owned if fusion and v not in outputs
                              and v not in streamed and v not in carried
+                             and v not in converted_dot_results
                              and str(program.avals[v].dtype) in HALF_FLOATS))
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
