@@ -111,8 +111,8 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 # (`python -m experiments.bench_half_floats`), 0.65-1.23 x XLA's figure (mean |error|
 # 0.089), all within 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within).
 # Over by 13-23 %: the unrolled steps' rounds that recompute at b=4, s=256. float16 (ad
-# hoc): the dot chain exact; the scanned Flax step computing in float16, round 0 1.12-1.19
-# x XLA (16 bits: 0.91-0.94), its last round 0.99-1.03 (0.87-0.97). XLA:GPU runs 16-bit
+# hoc): the dot chain exact; the scanned Flax step computing in float16, round 0 1.11-1.18
+# x XLA (16 bits: 0.91-0.94), its last round 0.96-0.99 (0.87-0.97). XLA:GPU runs 16-bit
 # ops as they are. None: decided by the default backend (`stores_half_as_float32`).
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 HALF_AS_FLOAT32: bool | None = None
