@@ -96,7 +96,7 @@ def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -
     # The length comes from the scanned operands where there are any: lax.scan wants
     # an int, and a loop over a dynamic dim (microbatches "m") has a symbolic one.
     carry, ys = lax.scan(step, list(init), list(xs), length=None if xs else p["length"],
-                         reverse=p["reverse"], unroll=1)   # as planned: loop_remat._ROLLED
+                         reverse=p["reverse"], unroll=loop_remat.REWRITTEN_UNROLL)
     return [*carry, *ys]
 
   avals = [x.aval if isinstance(x, Const) else program.avals[x] for x in node.inputs]

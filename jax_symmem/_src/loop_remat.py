@@ -600,8 +600,8 @@ def _split(seq, *sizes):
   return out
 
 
-# _ROLLED: a rewritten scan runs one iteration per loop trip (unroll=1), whatever the
-# traced scan's `unroll` (`nn.scan(..., unroll=2)`, `unroll=True`). The plan counts one
+# A rewritten scan runs one iteration per loop trip, whatever the traced scan's `unroll`
+# (`nn.scan(..., unroll=2)`, `unroll=True`; also `body_remat.rebuild`'s). The plan counts one
 # iteration's regenerated residuals at a time; XLA gives an unrolled body several
 # iterations' worth at once, a length the unroll does not divide gets its stacked inputs
 # split and outputs concatenated (copies), and a full unroll is straight-line code where
@@ -609,6 +609,9 @@ def _split(seq, *sizes):
 # nn.scan with a top-2 MoE layer at b=4, s=256, XLA MiB of the rounds that evict, unroll 1 /
 # 2 (4 layers): 58.5 / 78.9 and 47.8 / 72.7; unroll=True (3 layers): 90.6 and 90.8, the
 # step as written 85.7. Values do not depend on the unroll.
+REWRITTEN_UNROLL = 1
+
+
 def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
             ) -> tuple[Program, LoopState]:
   """`program` with the pair's forward and backward scans rebuilt from the traced pair so
@@ -642,7 +645,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
                                 wanted=kept_outputs)
       return outs[:f_ncarry], outs[f_ncarry:] + [carry[c] for c in new_carries]
     carry, ys = lax.scan(body, init, xs, length=None if xs else length, reverse=fp["reverse"],
-                         unroll=1)   # one iteration at a time, as planned: see _ROLLED
+                         unroll=REWRITTEN_UNROLL)
     return [*carry, *ys]
 
   f_operands = list(state.forward_operands)
@@ -690,7 +693,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
       outs = tracing.eval_jaxpr(b_jaxpr.jaxpr, b_jaxpr.consts, [*b_consts, *carry, *b_xs])
       return outs[:b_ncarry], outs[b_ncarry:]
     carry, ys = lax.scan(body, init, xs, length=None if xs else length, reverse=bp["reverse"],
-                         unroll=1)
+                         unroll=REWRITTEN_UNROLL)
     return [*carry, *ys]
 
   new_avals = [avals[x] if not isinstance(x, Const) else x.aval for x in b_operands]

@@ -283,11 +283,32 @@ def _with_float32_halves(program: Program, stored: "_Stored", size: dict[int, in
   return size, spans
 
 
+def _is_half(aval) -> bool:
+  return str(aval.dtype) in HALF_FLOATS
+
+
+def _float32_halves(program: Program, owned: Iterable[int], fixed: frozenset
+                    ) -> frozenset[int]:
+  """The `owned` 16-bit values XLA:CPU stores as float32 (`HALF_FLOATS`): not `fixed`
+  (the program's results, what goes into a loop's buffers), nor a dot's result that a
+  loop (not only dots) reads, which XLA converts to 16 bits once and stores so."""
+  halves = {v for v in owned if v not in fixed and _is_half(program.avals[v])}
+  if not halves:
+    return frozenset()
+  dot_results, read_by_loops = set(), set()
+  for node in program.nodes:
+    if node.name == "dot_general":
+      dot_results.update(halves.intersection(node.outputs))
+    else:
+      read_by_loops.update(halves.intersection(node.operands))
+  return frozenset(halves - (dot_results & read_by_loops))
+
+
 def _half_dots(program: Program, alias: Mapping[int, int]
                ) -> tuple[tuple[int, tuple, tuple[int, ...]], ...]:
   """(node, 16-bit float operands (buffers, aliases resolved), 16-bit float results) of
   each dot that has any."""
-  half = lambda x: str((x.aval if isinstance(x, Const) else program.avals[x]).dtype) in HALF_FLOATS
+  half = lambda x: _is_half(x.aval if isinstance(x, Const) else program.avals[x])
   out = []
   for node in program.nodes:
     if node.name != "dot_general":
@@ -455,14 +476,6 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
         read_value.append(k)
   outputs = stored_outputs(program) - (streamed - carried)
   owned = tuple(index)
-  # A dot's 16-bit result that a loop (not only dots) reads is converted to 16 bits once
-  # and stored so (`HALF_FLOATS`); one that only dots read stays float32.
-  only_dots_read: dict[int, bool] = {}
-  for node in program.nodes:
-    for x in set(node.operands):
-      only_dots_read[x] = only_dots_read.get(x, True) and node.name == "dot_general"
-  converted_dot_results = {o for node in program.nodes if node.name == "dot_general"
-                           for o in node.outputs if not only_dots_read.get(o, True)}
   reshaped = _reshaped_dots(program)
   in_place = tuple((index[v], index[u]) for node in dataflow
                    if node.name in IN_PLACE and len(node.outputs) == 1
@@ -478,10 +491,8 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                          if fusion and n.name == "random_bits" and n.outputs[0] in index),
                    memory.working_nodes(program),
                    _half_dots(program, alias) if fusion else (),
-                   frozenset(v for v in owned if fusion and v not in outputs
-                             and v not in streamed and v not in carried
-                             and v not in converted_dot_results
-                             and str(program.avals[v].dtype) in HALF_FLOATS))
+                   _float32_halves(program, owned, outputs | streamed | carried)
+                   if fusion else frozenset())
   memory._remember(_STORED, key, (program, stored))   # noqa: SLF001
   return stored
 
