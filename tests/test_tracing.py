@@ -355,3 +355,49 @@ def test_symbolic_dims_canonicalize_as_jax_does_and_leave_no_cycles():
     gc.enable()
   assert jax_core._canonicalize_dimension is jax_canonicalize
   assert cyclic_symmem < cyclic_jax / 2, (cyclic_symmem, cyclic_jax)
+
+
+def test_saving_everything_is_confined_to_the_thread_that_asked_for_it():
+  # While one thread traces a step without its checkpoints (annotated models' variant),
+  # another thread's plain JAX trace keeps its `jax.checkpoint` policy (the patched
+  # `bind` is process-wide; before, it rewrote every thread's policy), and the
+  # primitive's own `bind` is back once no thread needs the patch (before, JAX's
+  # `_remat_bind` was deleted by the first such trace, for the rest of the process).
+  import threading
+  from jax._src import ad_checkpoint
+  policy = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+
+  def annotated(w, x):
+    return jnp.sum(jax.checkpoint(lambda x: jnp.tanh(x @ w) @ w, policy=policy)(x))
+
+  def policies(closed):
+    return [e.params["policy"] for e in jax.make_jaxpr(jax.grad(annotated))(*closed).eqns
+            if e.primitive.name in tracing.CHECKPOINT_PRIMITIVES]
+
+  jax_bind = vars(ad_checkpoint.remat_p).get("bind")   # jax 0.10 has its own
+  args = (jnp.ones((8, 8)), jnp.ones((4, 8)))
+  inside, done = threading.Event(), threading.Event()
+  seen = {}
+
+  def trace_saving_everything():
+    with tracing._SAVE_EVERYTHING.active():
+      seen["asked"] = policies(args)
+      inside.set()
+      done.wait(timeout=60)
+
+  thread = threading.Thread(target=trace_saving_everything)
+  thread.start()
+  try:
+    assert inside.wait(timeout=60)
+    assert vars(ad_checkpoint.remat_p)["bind"] is tracing._bind_checkpoint   # meanwhile
+    seen["other"] = policies(args)
+  finally:
+    done.set()
+    thread.join()
+  assert seen["asked"] == [jax.checkpoint_policies.everything_saveable]
+  assert seen["other"] == [policy]
+  assert vars(ad_checkpoint.remat_p).get("bind") is jax_bind
+  traced = symmem.trace(jax.grad(annotated), *args, polymorphic_shapes=(None, "b, _"),
+                        save_everything=True)
+  assert tracing.has_checkpoints(traced.closed_jaxpr)
+  assert vars(ad_checkpoint.remat_p).get("bind") is jax_bind

@@ -608,7 +608,6 @@ def _make_specialized(program: Program, env: Mapping[str, int]) -> Program:
 # --- trace -----------------------------------------------------------------------
 
 CHECKPOINT_PRIMITIVES = frozenset({"remat2", "checkpoint"})
-_SAVE_EVERYTHING_LOCK = threading.Lock()
 
 
 def has_checkpoints(closed_jaxpr) -> bool:
@@ -626,32 +625,58 @@ def has_checkpoints(closed_jaxpr) -> bool:
   return walk(closed_jaxpr.jaxpr)
 
 
-@contextlib.contextmanager
-def _checkpoints_save_everything():
-  """While tracing, every `jax.checkpoint` region saves all it computes (policy
-  `everything_saveable`): AD's own partial evaluation then stacks and keeps the
-  residuals the annotation would have recomputed, as if the region were not there.
+class _ProcessPatch:
+  """`owner.name` replaced while any thread traces with it; JAX's own otherwise.
 
-  One patch point: the checkpoint primitive's `bind`, which `jax.checkpoint` and its
-  JVP call with the policy as a parameter. Serialized, since the patch is global.
+  The first thread in installs `replacement`, the last out restores the original (one
+  lock for both). Since the attribute is process-wide, another thread tracing with
+  plain JAX meanwhile calls `replacement` too: it must act as the original unless
+  `requested()` (a per-thread count of the traces that asked for it) says otherwise.
   """
-  prim = _ad_checkpoint.remat_p
-  bind = type(prim).bind
-  def bind_saving_everything(*args, **params):
-    params = dict(params, policy=jax.checkpoint_policies.everything_saveable,
-                  prevent_cse=False)
-    return bind(prim, *args, **params)
-  with _SAVE_EVERYTHING_LOCK:
-    prim.bind = bind_saving_everything
+
+  def __init__(self, owner, name: str, replacement: Callable):
+    self._owner, self._name, self._replacement = owner, name, replacement
+    self._lock = threading.Lock()
+    self._users = 0
+    self._own = name in vars(owner)   # else a class attribute shows through: delete ours
+    self.original = getattr(owner, name)   # what the replacement defers to
+    self._local = threading.local()
+
+  def requested(self) -> bool:
+    return getattr(self._local, "depth", 0) > 0
+
+  @contextlib.contextmanager
+  def active(self):
+    with self._lock:
+      if not self._users:
+        setattr(self._owner, self._name, self._replacement)
+      self._users += 1
+    self._local.depth = getattr(self._local, "depth", 0) + 1
     try:
       yield
     finally:
-      del prim.bind
+      self._local.depth -= 1
+      with self._lock:
+        self._users -= 1
+        if not self._users:
+          if self._own:
+            setattr(self._owner, self._name, self.original)
+          else:
+            delattr(self._owner, self._name)
 
 
-_JAX_CANONICALIZE_DIMENSION = _jax_core._canonicalize_dimension
-_DIMS_LOCK = threading.Lock()
-_dims_patched = 0   # traces inside `_symbolic_dims_without_cycles`
+def _bind_checkpoint(*args, **params):
+  """The checkpoint primitive's `bind`, which `jax.checkpoint` and its JVP call with the
+  policy as a parameter: in a trace that asked to save everything, the policy is
+  `everything_saveable`, so AD's own partial evaluation stacks and keeps the residuals
+  the annotation would have recomputed, as if the region were not there."""
+  if _SAVE_EVERYTHING.requested():
+    params = dict(params, policy=jax.checkpoint_policies.everything_saveable,
+                  prevent_cse=False)
+  return _SAVE_EVERYTHING.original(*args, **params)
+
+
+_SAVE_EVERYTHING = _ProcessPatch(_ad_checkpoint.remat_p, "bind", _bind_checkpoint)
 
 
 def _canonicalize_dimension(dim):
@@ -660,26 +685,13 @@ def _canonicalize_dimension(dim):
   its traceback and the frame form a cycle, which keeps the frames of the whole call
   (and their tracers) until the cyclic collector runs. Tracing llama2_1b left 172,025
   such objects (3,409 TypeErrors), whose collection took 0.19-0.21 s of a restarted
-  job's 1.2 s analysis. Same result for every input."""
-  return dim if isinstance(dim, jax_dims.DimExpr) else _JAX_CANONICALIZE_DIMENSION(dim)
+  job's 1.2 s analysis. Same result for every input, so every thread may use it."""
+  return dim if isinstance(dim, jax_dims.DimExpr) else _SYMBOLIC_DIMS_WITHOUT_CYCLES.original(dim)
 
 
-@contextlib.contextmanager
-def _symbolic_dims_without_cycles():
-  """While tracing, JAX canonicalizes shapes with `_canonicalize_dimension` above. The
-  patch is global: the first trace in sets it, the last out restores JAX's."""
-  global _dims_patched
-  with _DIMS_LOCK:
-    if not _dims_patched:
-      _jax_core._canonicalize_dimension = _canonicalize_dimension
-    _dims_patched += 1
-  try:
-    yield
-  finally:
-    with _DIMS_LOCK:
-      _dims_patched -= 1
-      if not _dims_patched:
-        _jax_core._canonicalize_dimension = _JAX_CANONICALIZE_DIMENSION
+_SYMBOLIC_DIMS_WITHOUT_CYCLES = _ProcessPatch(_jax_core, "_canonicalize_dimension",
+                                              _canonicalize_dimension)
+_JAX_CANONICALIZE_DIMENSION = _SYMBOLIC_DIMS_WITHOUT_CYCLES.original
 
 
 def _user_frame(tb) -> str | None:
@@ -882,8 +894,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
   name = getattr(fun, "__name__", type(fun).__name__)
   try:
-    with (_checkpoints_save_everything() if save_everything else contextlib.nullcontext(),
-          _symbolic_dims_without_cycles()):
+    with (_SAVE_EVERYTHING.active() if save_everything else contextlib.nullcontext(),
+          _SYMBOLIC_DIMS_WITHOUT_CYCLES.active()):
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
           TypeError, ValueError, RecursionError, NotImplementedError) as e:
