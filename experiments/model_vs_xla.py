@@ -31,12 +31,13 @@ RESULTS = "experiments/results/model_vs_xla.json"
 
 def run_workload(name: str) -> dict:
   w = bench_models.WORKLOADS[name]()
-  analysis = bench_models._analysis(w)
+  state = w.state()
+  analysis = bench_models._analysis(w, state)
   last = len(analysis.rounds) - 1
   rows = []
   for length in w.lengths:
     dims = w.dims(length)
-    args = (w.state(), *w.batch(length))
+    args = (state, *w.batch(length))
     for k in sorted({0, last // 2, last}):
       model = analysis.round_peak(k, dims)
       predicted = analysis.round_footprint(k, dims)
