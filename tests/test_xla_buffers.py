@@ -87,8 +87,10 @@ def test_a_donated_argument_holds_the_output():
 
 
 def _output_bytes(graph, program, env):
-  return sum(graph.bytes(v).evaluate(env)
-             for v in xla_buffers.stored_outputs(program) - set(program.inputs))
+  """The results' own buffers, and the table of pointers to them where there are several."""
+  table = 8 * len(program.outputs) if len(program.outputs) > 1 else 0
+  return table + sum(graph.bytes(v).evaluate(env)
+                     for v in xla_buffers.stored_outputs(program) - set(program.inputs))
 
 
 def _masked(x, w):
@@ -293,3 +295,42 @@ def test_a_random_draw_holds_its_counters_in_the_model():
   # 16 bytes per element while it runs: its 4-byte result and 12 more
   assert an.graph.evaluate(step.transient, n=512) == 12 * 512 * 64
   assert an.graph.evaluate(step.allocated, n=512) == 4 * 512 * 64
+
+
+def _conv(x, w, stride=1):
+  return lax.conv_general_dilated(x, w, (stride, stride), "SAME",
+                                  dimension_numbers=("NHWC", "HWIO", "NHWC"))
+
+
+_CONV_STEPS = {   # gradients of conv stacks as vision models write them
+    "tanh": lambda ws, x: jnp.sum(_conv(jnp.tanh(_conv(jnp.tanh(_conv(x, ws[0])), ws[1])),
+                                        ws[2]) ** 2),
+    "relu": lambda ws, x: jnp.sum(_conv(jax.nn.relu(_conv(jax.nn.relu(_conv(x, ws[0])),
+                                                          ws[1])), ws[2]) ** 2),
+}
+
+
+@pytest.mark.parametrize("name", list(_CONV_STEPS))
+def test_a_convolution_gradient_as_xla_cpu_lays_it_out(name):
+  """XLA:CPU's convolutions take NHWC inputs and HWIO kernels; a weight gradient's reads
+  its activations and output gradient with batch and feature swapped, so XLA copies them
+  (the activation's copy as soon as it is made, computing a fused relu itself)."""
+  ws = [jnp.full((3, 3, 8, 8), 0.01) for _ in range(3)]
+  x = jnp.ones((4, 32, 32, 8))
+  an = symmem.analyze(jax.grad(_CONV_STEPS[name]), ws, x,
+                      polymorphic_shapes=(None, "b, 8*h, 8*w, _"))
+  dims = {"b": 4, "h": 4, "w": 4}
+  assert an.round_footprint(0, dims) == budgets.xla_bytes(an, 0, dims, (ws, x))
+
+
+def test_a_cheap_value_read_by_a_dot_is_stored_for_the_dot_only():
+  """XLA fuses a cheap value into every elementwise reader and stores it for the dot:
+  the late reader recomputes it from what it reads, so its buffer dies at the dot."""
+  def step(x, w):
+    h = x * 2.0 + 1.0   # read by the dot and, much later, by the last multiply
+    y = jnp.tanh(jnp.tanh(h @ w) @ w) @ w
+    return jnp.sum(y * h)
+  args = (jnp.ones((2048, 256)), jnp.full((256, 256), 0.01))
+  an = symmem.analyze(step, *args, polymorphic_shapes=("n, _", None))
+  dims = {"n": 2048}
+  assert an.round_footprint(0, dims) == budgets.xla_bytes(an, 0, dims, args)

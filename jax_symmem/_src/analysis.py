@@ -201,9 +201,13 @@ class Analysis:
       r = self.rounds[k]
       pinned = frozenset() if k == self.as_written_round else fence.pinned_draws(
           r.graph, r.program, self.graph.constraints.complete(dims), fence.MIN_BYTES)
-      self._round_footprints[key] = xla_buffers.footprint_at(
-          r.graph, dims, r.program, self.round_order(k, dims), pinned=pinned,
-          kept=fence.kept_values(r.program, pinned).values())
+      # Round 0 has no fences: XLA schedules it, taking the least memory of its
+      # schedulers', one of which follows the dataflow (the trace's order).
+      orders = [self.round_order(k, dims)] + ([] if k else [range(len(r.program.nodes))])
+      kept = fence.kept_values(r.program, pinned).values()
+      self._round_footprints[key] = min(
+          xla_buffers.footprint_at(r.graph, dims, r.program, order, pinned=pinned, kept=kept)
+          for order in orders)
     return self._round_footprints[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:

@@ -46,6 +46,13 @@ dot's result XLA computed with merged free dims and reshaped, nor a loop body's 
 which is copied out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
 (duplicated code, minor-dimension concatenations).
 
+XLA fuses a cheap value that reads at most one array of its rank into every reader that
+can take it and stores it only for the others: a normalized activation read by a dot or a
+convolution and by the backward pass's elementwise ops is stored until the dot, and the
+backward pass recomputes it (`_fusion`). On CPU a convolution whose dims are not in its
+kernel's order (a gradient's: batch and feature swapped) reads copies of its operands,
+each made as soon as the operand is (`_canonicalized_convs`).
+
 A random draw is stored as XLA stores it (`_with_counters`): Threefry's two counter words
 per element, held until the readers that combine them (which fuse the combination and a
 dropout's mask into their loops, so the mask is never stored), the next round's pair
@@ -116,6 +123,9 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 # ops as they are. None: decided by the default backend (`stores_half_as_float32`).
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 HALF_AS_FLOAT32: bool | None = None
+# Convolutions out of XLA:CPU's kernel order copy their operands (`_canonicalized_convs`).
+# None: decided by the default backend (`canonicalizes_convolutions`).
+CANONICAL_CONVOLUTIONS: bool | None = None
 
 
 def stores_half_as_float32() -> bool:
@@ -137,7 +147,7 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  stored = _stored(program, fusion, kept=frozenset(kept))
+  stored = _stored(program, fusion, kept=frozenset(kept), entry=True)
   size, draws = _with_counters(graph, stored, size, frozenset(pinned))
   size, upcasts = _with_float32_halves(program, stored, size)
   pos = np.empty(len(order), np.int64)
@@ -154,6 +164,13 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   parts += [(pos[i], b) for i, b in draws]
   spans = [(p, p, b) for p, b in parts] + [
       (int(pos[list(nodes)].min()), int(pos[list(nodes)].max()), b) for nodes, b in upcasts]
+  if canonicalizes_convolutions():   # one copy per operand and order, to its last reader
+    copies: dict[tuple, list[int]] = {}
+    for i, x, made, perm in stored.conv_copies:
+      if size[x]:
+        span = copies.setdefault((x, perm), [int(pos[made]) if made >= 0 else 0, 0])
+        span[1] = max(span[1], int(pos[i]))
+    spans += [(first, last, size[x]) for (x, _), (first, last) in copies.items()]
   if spans:
     first, last, extra = (np.asarray(c, np.int64) for c in zip(*spans))
     sizes = np.concatenate([sizes, extra])
@@ -175,7 +192,9 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
     elif s and not allocations.place_temporary(d, e):
       heap[d] += s
       heap[e + 1] -= s
-  return arguments + allocations.total + int(np.cumsum(heap).max(initial=0))
+  # Several results are returned in a tuple: XLA allocates its table of pointers too.
+  table = 8 * len(program.outputs) if len(program.outputs) > 1 else 0
+  return arguments + allocations.total + table + int(np.cumsum(heap).max(initial=0))
 
 
 def working_set(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
@@ -381,6 +400,48 @@ def _copied_operands(program: Program) -> tuple[tuple[int, int], ...]:
   return tuple(out)
 
 
+def canonicalizes_convolutions() -> bool:
+  """Whether XLA copies convolutions' operands into one layout here (on CPU)."""
+  if CANONICAL_CONVOLUTIONS is not None:
+    return CANONICAL_CONVOLUTIONS
+  import jax
+  return jax.default_backend() == "cpu"
+
+
+def _canonicalized_convs(program: Program) -> tuple[tuple[int, int, int, tuple], ...]:
+  """(convolution node, value, the node that makes the value or -1, the dims' order) of
+  the convolution operands and results XLA:CPU copies: its convolution kernel takes the
+  input as [batch, spatial..., feature], the kernel as [spatial..., in, out] and makes
+  the output as the input, and XLA transposes any other order into that one
+  (`ConvCanonicalization`, the program's top level only), the result made in that order
+  and copied into its own. A
+  gradient's convolutions are the ones out of order: the weight gradient's reads the
+  activations and the output gradient with batch and feature swapped. XLA makes an
+  operand's copy as soon as the operand is made (seen in its schedules: a forward
+  activation's transposed copy is held to the backward pass beside it), one for all the
+  convolutions that read it in the same order."""
+  made_by = {o: node.index for node in program.nodes for o in node.outputs}
+  out = []
+  for node in program.nodes:
+    if node.name != "conv_general_dilated":
+      continue
+    dn = node.params["dimension_numbers"]
+    n = len(dn.lhs_spec) - 2
+    wanted = ((dn.lhs_spec, (0, *range(2, n + 2), 1)),
+              (dn.rhs_spec, (*range(2, n + 2), 1, 0)),
+              (dn.out_spec, (0, *range(2, n + 2), 1)))
+    values = (*node.inputs[:2], node.outputs[0])
+    for x, (spec, positions) in zip(values, wanted):
+      if isinstance(x, Const):
+        continue
+      shape = program.avals[x].shape
+      order = [spec[k] for k in positions]   # the dims in the kernel's order
+      if [d for d in order if shape[d] != 1] != sorted(d for d in order if shape[d] != 1):
+        out.append((node.index, x, node.index if x in node.outputs else made_by.get(x, -1),
+                    tuple(order)))
+  return tuple(out)
+
+
 def stored_outputs(program: Program) -> frozenset[int]:
   """The buffers that hold the program's results (an output aliasing an operand lives in
   the operand's): XLA keeps each to the end of the run."""
@@ -400,6 +461,7 @@ class _Stored:
   in_place: tuple[tuple[int, int], ...] = ()   # (value, an operand it may overwrite),
                                                #   indices into `owned`, in dataflow order
   dot_copies: tuple[tuple[int, int], ...] = ()   # (node, value id): `_copied_operands`
+  conv_copies: tuple[tuple[int, int, int, tuple], ...] = ()   # `_canonicalized_convs`
   draws: tuple[tuple[int, int], ...] = ()        # (node, value id): random draws' results
   working: tuple[Node, ...] = ()                 # nodes with a working set (memory's)
   half_dots: tuple = ()                          # `_half_dots`, where `fusion`
@@ -430,25 +492,37 @@ class _Stored:
 
 def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
             carried: frozenset = frozenset(), sliced: frozenset = frozenset(),
-            kept: frozenset = frozenset()) -> _Stored:
+            kept: frozenset = frozenset(), entry: bool = False) -> _Stored:
   """`streamed`: results the caller copies out as soon as they are made (a scan body's
   per-iteration outputs, which XLA writes into their stacked buffers): temporaries, unless
   also `carried` (the loop's next state), which live to the body's end when stored.
   `sliced`: inputs that are one iteration's slice of a stacked operand, stored (from
-  their first reader to their last) where a reader cannot compute the slice itself."""
-  key = (id(program), fusion, streamed, carried, sliced, kept)
+  their first reader to their last) where a reader cannot compute the slice itself.
+  `entry`: the program XLA compiles (not a loop body or branch), whose convolutions XLA
+  may copy operands of (`_canonicalized_convs`)."""
+  entry = entry and fusion and canonicalizes_convolutions()
+  key = (id(program), fusion, streamed, carried, sliced, kept, entry)
   hit = _STORED.get(key)
   if hit is not None and hit[0] is program:
     return hit[1]
-  fused = fused_values(program, streamed, carried, kept) if fusion else {}
+  convs = _canonicalized_convs(program) if entry else ()
+  # A convolution reads the copies of its copied operands, not the operands themselves.
+  copied = frozenset((i, x) for i, x, _, _ in convs if x not in program.nodes[i].outputs)
+  fused, duplicated = (_fusion(program, streamed, carried, kept, copied) if fusion
+                       else ({}, {}))
   dataflow = _topological(program) if fusion else []
-  via: dict[int, tuple[int, ...]] = {}   # a fused value -> the stored values it reads
-  if fused:   # in dataflow order: chains of fused values can be thousands long
+  via: dict[int, tuple[int, ...]] = {}   # a value computed in a reader's loop -> the
+  recomputed = {**fused, **duplicated}   #   stored values it reads
+  if recomputed:   # in dataflow order: chains of fused values can be thousands long
     for node in dataflow:
       for v in node.outputs:
-        if v in fused:
-          via[v] = tuple(dict.fromkeys(y for o in fused[v] for y in via.get(o, (o,))))
-  reads = lambda x: via.get(x, (x,))
+        if v in recomputed:
+          via[v] = tuple(dict.fromkeys(y for o in recomputed[v] for y in via.get(o, (o,))))
+  def reads(x, reader=None):   # what a reader's loop reads to compute operand x
+    if x in duplicated and not (reader is not None and (
+        reader.name in FUSES_INTO or (reader.index, x) in copied)):
+      return (x,)
+    return via.get(x, (x,))
 
   alias = memory._aliases(program)   # noqa: SLF001 (the model's own buffers)
   index: dict[int, int] = {}
@@ -461,7 +535,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
   if sliced:
     first: dict[int, int] = {}
     for node in program.nodes:
-      for x in sliced.intersection(y for x in node.operands for y in reads(x)):
+      for x in sliced.intersection(y for x in node.operands for y in reads(x, node)):
         first[x] = min(first.get(x, node.index), node.index)
         if node.name not in FUSES_INTO:
           index.setdefault(x, -1)
@@ -470,7 +544,8 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
       made_by.append(first[x])
   read_by, read_value = [], []
   for node in program.nodes:
-    for k in {index.get(alias.get(y, y)) for x in node.operands for y in reads(x)}:
+    for k in {index.get(alias.get(y, y)) for x in node.operands if (node.index, x) not in copied
+              for y in reads(x, node)}:
       if k is not None:
         read_by.append(node.index)
         read_value.append(k)
@@ -487,6 +562,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
                    np.fromiter((o in outputs for o in owned), bool, len(owned)),
                    np.asarray(read_by, np.int64), np.asarray(read_value, np.int64), in_place,
                    _copied_operands(program) if fusion else (),
+                   convs,
                    tuple((n.index, n.outputs[0]) for n in program.nodes
                          if fusion and n.name == "random_bits" and n.outputs[0] in index),
                    memory.working_nodes(program),
@@ -501,36 +577,77 @@ _STORED: dict = {}
 
 
 def fused_values(program: Program, streamed: frozenset = frozenset(),
-                 carried: frozenset = frozenset(),
-                 kept: frozenset = frozenset()) -> dict[int, tuple[int, ...]]:
+                 carried: frozenset = frozenset(), kept: frozenset = frozenset(),
+                 copied: frozenset = frozenset()) -> dict[int, tuple[int, ...]]:
   """The values XLA computes inside their readers -> the values they read.
 
   A loop body's `streamed` results (copied into their stacked buffers as they are made)
   and `carried` results (written into the loop's state) are read by that copy too, which
   can compute them. A cheap value fused into several readers is computed in each, so an
   expensive value it reads is computed once per reader's loop: read by more than one
-  loop, it is stored. `kept` values are stored (a fence holds them)."""
+  loop, it is stored. `kept` values are stored (a fence holds them). `copied`: (node,
+  value) of the convolutions' operands XLA copies, whose copy can compute the value."""
+  return _fusion(program, streamed, carried, kept, copied)[0]
+
+
+def _fusion(program: Program, streamed: frozenset = frozenset(),
+            carried: frozenset = frozenset(), kept: frozenset = frozenset(),
+            copied: frozenset = frozenset()
+            ) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
+  """(`fused_values`, the cheap values XLA both stores and duplicates -> what they read).
+
+  XLA fuses a cheap producer into every reader that can take it and stores it only for
+  the others (a dot, a convolution), which read the stored buffer: the readers that
+  recompute it read what it reads, so the stored buffer dies at its last other reader
+  (a normalized activation read by the next layer's convolution and by the backward
+  pass's elementwise ops is held only until that convolution). Only a producer that
+  reads at most one array of its own rank (`_at_most_unary`) is duplicated so; any
+  other is computed in its readers only where all of them can (XLA's
+  `ComputeGloballyUnfusible`: duplicating it would read more than it writes)."""
   readers: dict[int, list[Node]] = {}
+  made: dict[int, Node] = {}
   for node in program.nodes:
     for x in set(node.operands):
       readers.setdefault(x, []).append(node)
+    for o in node.outputs:
+      made[o] = node
   results = {x for x in program.outputs if not isinstance(x, Const)} - streamed - carried
   fused: dict[int, tuple[int, ...]] = {}
+  duplicated: dict[int, tuple[int, ...]] = {}
   loops: dict[int, int] = {}   # a value -> how many loops compute or read it
   for node in reversed(_topological(program)):   # a value's readers are decided first
     if len(node.outputs) != 1:
       continue
     (v,) = node.outputs
     rs = readers.get(v, ())
-    loops[v] = (v in streamed) + (v in carried) + sum(
-        loops[r.outputs[0]] if r.outputs and r.outputs[0] in fused else 1 for r in rs)
     takers = FUSES_INTO if node.operands else _TAKE_CONSTANTS   # a constant, broadcast
+    takes = [r.name in takers or (r.index, v) in copied for r in rs]
+    computing = lambda r: (loops[r.outputs[0]] if r.outputs and (
+        r.outputs[0] in fused or r.outputs[0] in duplicated) else 1)
+    loops[v] = (v in streamed) + (v in carried) + sum(
+        computing(r) if take else 1 for r, take in zip(rs, takes))
     if (node.name not in FUSIBLE or v in results or v in kept or not loops[v]
-        or not all(r.name in takers for r in rs)
         or (node.name in EXPENSIVE and (loops[v] > 1 or any(r.name in REUSES for r in rs)))):
       continue
-    fused[v] = node.operands
-  return fused
+    if all(takes):
+      fused[v] = node.operands
+    elif any(takes) and node.name not in EXPENSIVE and _at_most_unary(program, node, made):
+      duplicated[v] = node.operands
+      loops[v] = (v in streamed) + (v in carried) + 1 + sum(
+          computing(r) for r, take in zip(rs, takes) if take)
+  return fused, duplicated
+
+
+def _at_most_unary(program: Program, node: Node, made: Mapping[int, Node]) -> bool:
+  """Whether `node` reads at most one array of its result's rank (XLA's
+  `EffectivelyAtMostUnary`): broadcasts, iotas, constants and lower-rank arrays aside,
+  dims of size 1 not counted."""
+  def rank(aval) -> int:
+    return sum(1 for d in aval.shape if not (isinstance(d, int) and d == 1))
+  out = rank(program.avals[node.outputs[0]])
+  return sum(1 for x in node.operands
+             if made.get(x) is None or made[x].name not in ("broadcast_in_dim", "iota")
+             if rank(program.avals[x]) >= out) <= 1
 
 
 def _topological(program: Program) -> list[Node]:
