@@ -253,6 +253,20 @@ def _t5(g: Geometry = Geometry()) -> Workload:
       t5.step_constraints(g.lengths[-1], g.lengths[-1] // 2, g.batch), g.lengths)
 
 
+def _resnet(g: Geometry = Geometry()) -> Workload:
+  # A vision step: a Flax ResNet with batch norm on square images of three sizes (its
+  # "lengths" are the image side, 8 * h = 8 * w pixels); per-layer checkpointing is
+  # nn.remat on each residual block.
+  from jax_symmem.examples import resnet
+  cfg = resnet.PRESETS["small"]
+  batch, sides = 4 * g.batch, (32, 64, 128)
+  return Workload(
+      "resnet", lambda policy: resnet.train_step_fn(resnet.ResNet(cfg, policy)),
+      lambda: resnet.init_state(cfg), lambda side: resnet.example_batch(cfg, batch, side),
+      lambda side: {"b": batch, "h": side // 8, "w": side // 8}, resnet.POLYMORPHIC_SHAPES,
+      resnet.step_constraints(sides[-1], batch), sides)
+
+
 # name -> (geometry = the CPU tables') -> Workload
 WORKLOADS = {
     "llama": lambda g=Geometry(): _llama(False, g=g),
@@ -263,6 +277,7 @@ WORKLOADS = {
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
+    "resnet": _resnet,
 }
 
 
