@@ -338,7 +338,10 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
                           refinements=info["refinements"], total_compiles=info["compiles"])
 
 
-def _analysis(w: Workload, state):
+def _analysis(w: Workload, state=None):
+  """The step's analysis, traced on `state` (default: a fresh `w.state()`) and the
+  shortest batch."""
+  state = w.state() if state is None else state
   return symmem.analyze(w.step(None), state, *w.batch(w.lengths[0]),
                         polymorphic_shapes=w.shapes, constraints=w.constraints)
 

@@ -194,7 +194,8 @@ class Analysis:
     """XLA's footprint of round k at dims, predicted from the model's live ranges
     (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
     out, each output in an allocation of its own held to the end; a planned round's
-    large random draws pinned and their masks stored, as `variants` compiles them)."""
+    large random draws pinned and their masks stored, as `variants` compiles them),
+    plus the scratch XLA does not count (`round_scratch`)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_dims(dims)
@@ -207,8 +208,14 @@ class Analysis:
       kept = fence.kept_values(r.program, pinned).values()
       self._round_footprints[key] = min(
           xla_buffers.footprint_at(r.graph, dims, r.program, order, pinned=pinned, kept=kept)
-          for order in orders)
+          for order in orders) + self.round_scratch(k, dims)
     return self._round_footprints[key]
+
+  def round_scratch(self, k: int, dims: Mapping[str, int]) -> int:
+    """Bytes round k holds at dims outside XLA's buffers (`xla_buffers.convolution_scratch`):
+    `symmem.jit` adds them to XLA's figure and to its prediction."""
+    return xla_buffers.convolution_scratch(self.graph.constraints.complete(dict(dims)),
+                                           self.rounds[k].program)
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
     """What `symmem.jit` compares with a budget before compiling: `round_footprint`, or

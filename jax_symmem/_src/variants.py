@@ -97,7 +97,8 @@ class Variant:
   dims: Mapping[str, int]
   round: int
   executable: Any
-  xla_bytes: int              # memory_analysis(): arguments + outputs + temps - aliased
+  xla_bytes: int              # memory_analysis(): arguments + outputs + temps - aliased,
+                              #   + Analysis.round_scratch
   memory_options: bool        # compiled with the memory-saving XLA options
   # The XLA options it was compiled with ({} exactly as jax.jit): a budget's round 0
   # differs from jax.jit by XNNPACK fusions alone, which can move the last bits.
@@ -405,7 +406,8 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   options, truthful = policy.options_for(analysis, k)
   fn, options = _runner(analysis, k, dims, env, policy, options)
   exe = lower(fn, options)
-  size = policy.agree(footprint(exe))   # the same branch in every process
+  # XLA's figure, and the scratch it does not count (a dilated convolution's on CPU).
+  size = policy.agree(footprint(exe) + analysis.round_scratch(k, dims))   # same branch everywhere
   # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
   # (only when it sees every buffer: not with jax.jit's own options, F2).
   if truthful and size:

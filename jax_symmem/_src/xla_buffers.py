@@ -123,8 +123,10 @@ _TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
 # ops as they are. None: decided by the default backend (`stores_half_as_float32`).
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 HALF_AS_FLOAT32: bool | None = None
-# Convolutions out of XLA:CPU's kernel order copy their operands (`_canonicalized_convs`).
-# None: decided by the default backend (`canonicalizes_convolutions`).
+# XLA:CPU's convolutions: out of its kernel's order they copy their operands
+# (`_canonicalized_convs`); with a dilated input they hold scratch `memory_analysis()`
+# does not count (`convolution_scratch`). None: decided by the default backend
+# (`canonicalizes_convolutions`).
 CANONICAL_CONVOLUTIONS: bool | None = None
 
 
@@ -440,6 +442,30 @@ def _canonicalized_convs(program: Program) -> tuple[tuple[int, int, int, tuple],
         out.append((node.index, x, node.index if x in node.outputs else made_by.get(x, -1),
                     tuple(order)))
   return tuple(out)
+
+
+def convolution_scratch(env: Mapping[str, int], program: Program) -> int:
+  """Bytes the largest input-dilated convolution of `program` (a strided convolution's
+  input gradient) holds while it runs, outside XLA's buffers and `memory_analysis()`,
+  on XLA:CPU: one product per input element and kernel tap, batch x input spatial x
+  kernel spatial x output features (measured with the real peak, DESIGN.md F3:
+  k x k x input elements x out features x 4 bytes for k = 1, 3, 5, dilation 2 and 3,
+  16 to 32 features each way; 36.0 MiB for b=16, 64 x 64 x 16 -> 129 x 129 x 16, 3 x 3).
+  0 elsewhere. `env`: complete dims."""
+  if not canonicalizes_convolutions():
+    return 0
+  dim = lambda d: tracing._concrete_dim(d, env)   # noqa: SLF001 (ours)
+  largest = 0
+  for sub, node in program.walk():
+    if node.name != "conv_general_dilated" or all(d == 1 for d in node.params["lhs_dilation"]):
+      continue
+    lhs, rhs = (x.aval if isinstance(x, Const) else sub.avals[x] for x in node.inputs[:2])
+    dn = node.params["dimension_numbers"]
+    elements = int(np.prod([dim(d) for d in lhs.shape])) // dim(lhs.shape[dn.lhs_spec[1]])
+    taps = int(np.prod([dim(rhs.shape[d]) for d in dn.rhs_spec[2:]]))
+    largest = max(largest, elements * taps * dim(rhs.shape[dn.rhs_spec[0]])
+                  * np.dtype(sub.avals[node.outputs[0]].dtype).itemsize)
+  return int(largest)
 
 
 def stored_outputs(program: Program) -> frozenset[int]:

@@ -1,0 +1,87 @@
+"""What XLA:CPU's convolutions hold outside `memory_analysis()`: real peak vs XLA's figure.
+
+A strided convolution's input gradient is an input-dilated convolution (`lhs_dilation`).
+On CPU it holds scratch XLA's buffer assignment does not see; `symmem.jit` adds
+`xla_buffers.convolution_scratch` (batch x input pixels x kernel taps x output features
+x item size) to XLA's figure. This measures, for single convolutions compiled with the
+budget's XLA options, the real peak (DESIGN.md F3, a fresh process per figure) minus
+XLA's footprint beside that formula; also a strided forward convolution and a weight
+gradient, which hold none.
+
+  python -m experiments.conv_scratch [--out PATH]
+
+Writes experiments/results/conv_scratch.json (or --out).
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))   # also run as `python experiments/conv_scratch.py`
+
+from experiments import _common  # noqa: E402
+from experiments._common import MiB  # noqa: E402
+
+RESULTS = "experiments/results/conv_scratch.json"
+# (kind, batch, input side, in features, out features, kernel side, dilation or stride)
+CASES = [("input_dilated", 16, 64, 16, 16, 3, 2), ("input_dilated", 16, 64, 16, 32, 3, 2),
+         ("input_dilated", 16, 64, 32, 16, 3, 2), ("input_dilated", 16, 64, 16, 16, 1, 2),
+         ("input_dilated", 16, 64, 16, 16, 3, 3), ("input_dilated", 16, 64, 16, 16, 5, 2),
+         ("input_dilated", 8, 64, 16, 16, 3, 2),
+         ("strided", 16, 128, 16, 16, 3, 2), ("weight_gradient", 16, 128, 16, 16, 3, 2)]
+
+
+def _convolution(kind, k, d):
+  import jax
+  from jax import lax
+  dn = ("NHWC", "HWIO", "NHWC")
+  if kind == "input_dilated":
+    return lambda y, w: lax.conv_general_dilated(
+        y, w, (1, 1), ((k - 1, k - 1), (k - 1, k - 1)), lhs_dilation=(d, d),
+        dimension_numbers=dn)
+  if kind == "strided":
+    return lambda y, w: lax.conv_general_dilated(y, w, (d, d), "SAME", dimension_numbers=dn)
+  return lambda y, w: jax.grad(lambda w: lax.conv_general_dilated(
+      y, w, (d, d), "SAME", dimension_numbers=dn).sum())(w)
+
+
+def measured(kind: str, b: int, side: int, c_in: int, c_out: int, k: int, d: int):
+  """(fn, args, extra) for jax_symmem.measure: one convolution compiled as symmem.jit
+  compiles a budget's round, with XLA's figure and the scratch symmem.jit adds."""
+  import jax
+  import jax.numpy as jnp
+  import jax_symmem as symmem
+  from jax_symmem._src import variants
+  fn = _convolution(kind, k, d)
+  args = (jnp.ones((b, side, side, c_in)), jnp.full((k, k, c_in, c_out), 0.01))
+  exe = jax.jit(fn).lower(*args).compile(compiler_options=variants.CPU_COMPILER_OPTIONS)
+  analysis = symmem.analyze(fn, *args, polymorphic_shapes=("b, _, _, _", None))
+  return (lambda *_: exe(*args)), args, {
+      "argument_bytes": _common.tree_bytes(args), "xla": variants.footprint(exe),
+      "scratch_added": analysis.round_scratch(0, {"b": b})}
+
+
+def main(argv=None) -> None:
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--out", default=RESULTS)
+  args = parser.parse_args(argv)
+  rows = []
+  for kind, b, side, c_in, c_out, k, d in CASES:
+    r = _common.real_peak("experiments.conv_scratch:measured", kind=kind, b=b, side=side,
+                          c_in=c_in, c_out=c_out, k=k, d=d)
+    row = {"kind": kind, "batch": b, "side": side, "in": c_in, "out": c_out, "kernel": k,
+           "dilation_or_stride": d, "real_mib": r["real"] / MiB, "xla_mib": r["xla"] / MiB,
+           "outside_xla_mib": (r["real"] - r["xla"]) / MiB,
+           "scratch_added_mib": r["scratch_added"] / MiB}
+    rows.append(row)
+    print(f"{kind} b={b} {side}x{side} {c_in}->{c_out} {k}x{k} /{d}: real {row['real_mib']:.1f} "
+          f"MiB, XLA {row['xla_mib']:.1f}, outside XLA {row['outside_xla_mib']:.2f}, "
+          f"symmem.jit adds {row['scratch_added_mib']:.2f}", flush=True)
+  _common.write_results(args.out, {"rows": rows})
+
+
+if __name__ == "__main__":
+  main()
