@@ -67,7 +67,7 @@ class InOrder(Sequence[int]):
 
 
 class RoundPeaks(Sequence[int]):
-  """Every round's modeled peak at dims, or with `predicted` its `round_footprint` (times
+  """Every round's modeled peak at dims, or with `predicted` its `dispatch_figure` (times
   `scale[k]` where given), each computed when first read (the analysis caches them): a
   step whose first round fits never models the others."""
 
@@ -194,8 +194,7 @@ class Analysis:
     """XLA's footprint of round k at dims, predicted from the model's live ranges
     (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
     out, each output in an allocation of its own held to the end; a planned round's
-    large random draws pinned and their masks stored, as `variants` compiles them),
-    plus the scratch XLA does not count (`round_scratch`)."""
+    large random draws pinned and their masks stored, as `variants` compiles them)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_dims(dims)
@@ -208,19 +207,21 @@ class Analysis:
       kept = fence.kept_values(r.program, pinned).values()
       self._round_footprints[key] = min(
           xla_buffers.footprint_at(r.graph, dims, r.program, order, pinned=pinned, kept=kept)
-          for order in orders) + self.round_scratch(k, dims)
+          for order in orders)
     return self._round_footprints[key]
 
   def round_scratch(self, k: int, dims: Mapping[str, int]) -> int:
     """Bytes round k holds at dims outside XLA's buffers (`xla_buffers.convolution_scratch`):
-    `symmem.jit` adds them to XLA's figure and to its prediction."""
+    `symmem.jit` adds them to XLA's figure and to `round_footprint` (`dispatch_figure`)."""
     return xla_buffers.convolution_scratch(self.graph.constraints.complete(dict(dims)),
                                            self.rounds[k].program)
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
     """What `symmem.jit` compares with a budget before compiling: `round_footprint`, or
-    the modeled peak where `PREDICT_XLA_BUFFERS` is off."""
-    return self.round_footprint(k, dims) if PREDICT_XLA_BUFFERS else self.round_peak(k, dims)
+    the modeled peak where `PREDICT_XLA_BUFFERS` is off; with the scratch XLA's figure
+    leaves out (`round_scratch`), which `symmem.jit` adds to XLA's figure too."""
+    return self.round_scratch(k, dims) + (
+        self.round_footprint(k, dims) if PREDICT_XLA_BUFFERS else self.round_peak(k, dims))
 
   def round_order(self, k: int, dims: Mapping[str, int]) -> tuple[int, ...]:
     """Round k's order at dims; round 0 picks the best scheduler candidate there."""
