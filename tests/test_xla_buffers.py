@@ -359,4 +359,4 @@ def test_an_input_dilated_convolution_adds_its_scratch_to_xla_figure(monkeypatch
       compiled.argument_size_in_bytes + compiled.output_size_in_bytes
       + compiled.temp_size_in_bytes - compiled.alias_size_in_bytes)
   monkeypatch.setattr(xla_buffers, "CANONICAL_CONVOLUTIONS", False)   # a GPU's rules
-  assert an.round_scratch(0, {"b": 2}) == 0
+  assert xla_buffers.convolution_scratch({"b": 2}, an.rounds[0].program) == 0

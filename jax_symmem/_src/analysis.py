@@ -100,6 +100,7 @@ class Analysis:
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+  _round_scratch: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _ladders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
@@ -213,8 +214,11 @@ class Analysis:
   def round_scratch(self, k: int, dims: Mapping[str, int]) -> int:
     """Bytes round k holds at dims outside XLA's buffers (`xla_buffers.convolution_scratch`):
     `symmem.jit` adds them to XLA's figure and to `round_footprint` (`dispatch_figure`)."""
-    return xla_buffers.convolution_scratch(self.graph.constraints.complete(dict(dims)),
-                                           self.rounds[k].program)
+    key = (k, tuple(sorted(dims.items())))
+    if key not in self._round_scratch:   # a walk over every node: asked per round and shape
+      self._round_scratch[key] = xla_buffers.convolution_scratch(
+          self.graph.constraints.complete(dict(dims)), self.rounds[k].program)
+    return self._round_scratch[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
     """What `symmem.jit` compares with a budget before compiling: `round_footprint`, or
