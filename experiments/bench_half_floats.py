@@ -32,9 +32,9 @@ import numpy as np
 import optax
 
 from experiments import _common
+from experiments import bench_models
 from experiments._common import MiB
 import jax_symmem as symmem
-from jax_symmem._src import variants
 from jax_symmem._src import xla_buffers
 
 D, HEADS, VOCAB, LAYERS, LORA_RANK = 96, 4, 512, 3, 8
@@ -184,14 +184,12 @@ def run(name: str) -> dict:
   analysis = symmem.analyze(step, *args_at(*SHAPES[0]), polymorphic_shapes=shapes,
                             constraints=constraints)
   last = len(analysis.rounds) - 1
-  platform = jax.devices()[0].platform
   rows = []
   for b, s in SHAPES:
     dims = {"b": b, "s": s, **{d: f(b, s) for d, f in derived.items()}}
     args = jax.tree_util.tree_leaves(args_at(b, s))
     for k in sorted({0, last // 2, last}):
-      exe = jax.jit(variants.round_function(analysis, k, dims)).lower(*args).compile(
-          compiler_options=variants.round_options(analysis, k, platform))
+      exe, _ = bench_models._compile_round(analysis, k, dims, args)   # as under a budget
       xla = _common.xla_memory(exe)["footprint"]
       row = {"dims": dims, "round": k, "xla_mib": xla / MiB,
              "float32_rule_mib": _predicted(analysis, k, dims, True) / MiB,

@@ -130,12 +130,17 @@ HALF_AS_FLOAT32: bool | None = None
 CANONICAL_CONVOLUTIONS: bool | None = None
 
 
-def stores_half_as_float32() -> bool:
-  """Whether XLA stores this process's 16-bit float values as float32 (on CPU)."""
-  if HALF_AS_FLOAT32 is not None:
-    return HALF_AS_FLOAT32
+def _on_cpu(override: bool | None) -> bool:
+  """`override` where set, else whether this process's default backend is XLA:CPU."""
+  if override is not None:
+    return override
   import jax
   return jax.default_backend() == "cpu"
+
+
+def stores_half_as_float32() -> bool:
+  """Whether XLA stores this process's 16-bit float values as float32 (on CPU)."""
+  return _on_cpu(HALF_AS_FLOAT32)
 
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
@@ -166,13 +171,12 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   parts += [(pos[i], b) for i, b in draws]
   spans = [(p, p, b) for p, b in parts] + [
       (int(pos[list(nodes)].min()), int(pos[list(nodes)].max()), b) for nodes, b in upcasts]
-  if canonicalizes_convolutions():   # one copy per operand and order, to its last reader
-    copies: dict[tuple, list[int]] = {}
-    for i, x, made, perm in stored.conv_copies:
-      if size[x]:
-        span = copies.setdefault((x, perm), [int(pos[made]) if made >= 0 else 0, 0])
-        span[1] = max(span[1], int(pos[i]))
-    spans += [(first, last, size[x]) for (x, _), (first, last) in copies.items()]
+  copies: dict[tuple, list[int]] = {}   # one per operand and order, to its last reader
+  for i, x, made, perm in stored.conv_copies:   # (none where XLA makes none: `_stored`)
+    if size[x]:
+      span = copies.setdefault((x, perm), [int(pos[made]) if made >= 0 else 0, 0])
+      span[1] = max(span[1], int(pos[i]))
+  spans += [(first, last, size[x]) for (x, _), (first, last) in copies.items()]
   if spans:
     first, last, extra = (np.asarray(c, np.int64) for c in zip(*spans))
     sizes = np.concatenate([sizes, extra])
@@ -404,10 +408,7 @@ def _copied_operands(program: Program) -> tuple[tuple[int, int], ...]:
 
 def canonicalizes_convolutions() -> bool:
   """Whether XLA copies convolutions' operands into one layout here (on CPU)."""
-  if CANONICAL_CONVOLUTIONS is not None:
-    return CANONICAL_CONVOLUTIONS
-  import jax
-  return jax.default_backend() == "cpu"
+  return _on_cpu(CANONICAL_CONVOLUTIONS)
 
 
 def _canonicalized_convs(program: Program) -> tuple[tuple[int, int, int, tuple], ...]:
@@ -416,12 +417,11 @@ def _canonicalized_convs(program: Program) -> tuple[tuple[int, int, int, tuple],
   input as [batch, spatial..., feature], the kernel as [spatial..., in, out] and makes
   the output as the input, and XLA transposes any other order into that one
   (`ConvCanonicalization`, the program's top level only), the result made in that order
-  and copied into its own. A
-  gradient's convolutions are the ones out of order: the weight gradient's reads the
-  activations and the output gradient with batch and feature swapped. XLA makes an
-  operand's copy as soon as the operand is made (seen in its schedules: a forward
-  activation's transposed copy is held to the backward pass beside it), one for all the
-  convolutions that read it in the same order."""
+  and copied into its own. A gradient's convolutions are the ones out of order: the
+  weight gradient's reads the activations and the output gradient with batch and feature
+  swapped. XLA makes an operand's copy as soon as the operand is made (seen in its
+  schedules: a forward activation's transposed copy is held to the backward pass beside
+  it), one for all the convolutions that read it in the same order."""
   made_by = {o: node.index for node in program.nodes for o in node.outputs}
   out = []
   for node in program.nodes:
