@@ -1,4 +1,5 @@
-"""Budgets for tests that need a remat round to run and XLA to be able to meet it."""
+"""Budgets for tests that need a remat round to run and XLA to be able to meet it, and the
+checks of calls made under them."""
 
 import jax
 
@@ -22,3 +23,26 @@ def tight_budget(analysis, dims, args) -> int:
   peaks = [analysis.round_peak(k, dims) for k in range(len(analysis.rounds))]
   last = len(analysis.rounds) - 1
   return max((min(peaks) + peaks[0]) // 2, int(1.02 * xla_bytes(analysis, last, dims, args)))
+
+
+def same_options_reference(step, fn, args):
+  """`fn` on `args` under jax.jit, compiled with the XLA options of the variant `step`
+  (a symmem.jit function) ran last: what that call must compute."""
+  call = step.last_call
+  (variant,) = [v for v in step.variants()
+                if v["dims"] == call["dims"] and v["round"] == call["round"]]
+  options = variant["compiler_options"]   # exactly what symmem.jit compiled with
+  return jax.jit(fn).lower(*args).compile(compiler_options=options)(*args)
+
+
+def rounds_run_within(step, budget, fn, batches, assert_equal) -> list[int]:
+  """Calls `step` on each batch, checking it fits the budget by XLA's figure and equals
+  `fn` under jax.jit with the variant's options; returns the rounds that ran."""
+  rounds = []
+  for args in batches:
+    out = step(*args)
+    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
+    assert_equal(out, same_options_reference(step, fn, args))
+    rounds.append(step.last_call["round"])
+    del out   # live arrays count against the budget of the next call
+  return rounds

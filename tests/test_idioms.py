@@ -102,14 +102,6 @@ def _batch(b, s):
           jnp.asarray(np.arange(s)[None] < lengths, jnp.float32))
 
 
-def _same_options_reference(step, args, fn=train_step):
-  call = step.last_call
-  (variant,) = [v for v in step.variants()
-                if v["dims"] == call["dims"] and v["round"] == call["round"]]
-  options = variant["compiler_options"]   # exactly what symmem.jit compiled with
-  return jax.jit(fn).lower(*args).compile(compiler_options=options)(*args)
-
-
 def test_mixed_precision_step_without_a_budget_is_jax_jit():
   state = _state()
   step = symmem.jit(train_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)
@@ -129,25 +121,12 @@ def _under_a_tight_budget(fn, longest_args, constraints, dims):
                                       constraints=constraints, memory_budget=budget)
 
 
-def _rounds_run_within(step, budget, fn, batches, assert_equal) -> list[int]:
-  """Calls `step` on each batch, checking it fits the budget by XLA's figure and equals
-  `fn` under jax.jit with the variant's options; returns the rounds that ran."""
-  rounds = []
-  for args in batches:
-    out = step(*args)
-    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
-    assert_equal(out, _same_options_reference(step, args, fn))
-    rounds.append(step.last_call["round"])
-    del out   # live arrays count against the budget of the next call
-  return rounds
-
-
 @pytest.mark.slow
 def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
   state = _state()
   analysis, budget, step = _under_a_tight_budget(
       train_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
-  rounds = _rounds_run_within(step, budget, train_step,
+  rounds = budgets.rounds_run_within(step, budget, train_step,
                               [(state, *_batch(b, s)) for b, s in ((2, 16), (4, 128))],
                               chex.assert_trees_all_equal)
   assert rounds[0] == 0 != analysis.as_written_round   # the short batch skips the user's
@@ -222,6 +201,6 @@ def test_chunked_attention_in_scanned_layers_runs_under_a_budget_like_jax_jit():
       _chunked_step, (state, *_batch(4, 129)),
       ("s >= 17", "s <= 129", "b <= 4", "s == 16*k + 1"), {"b": 4, "s": 129, "k": 8})
   close = lambda a, b: chex.assert_trees_all_close(a, b, rtol=1e-5, atol=1e-6)
-  rounds = _rounds_run_within(step, budget, _chunked_step,
+  rounds = budgets.rounds_run_within(step, budget, _chunked_step,
                               [(state, *_batch(b, s)) for b, s in ((2, 33), (4, 129))], close)
   assert rounds[1] != 0   # the long batch recomputes

@@ -43,16 +43,8 @@ def test_under_a_budget_large_images_evict_and_the_step_stays_jax_jit():
                             constraints=resnet.step_constraints(64, 8))
   budget = budgets.tight_budget(analysis, {"b": 8, "h": 8, "w": 8}, longest)
   step = _symmem_step(cfg, memory_budget=budget)
-  rounds = []
-  for args in ((state, *resnet.example_batch(cfg, 2, 16, 24)), longest):
-    got = step(*args)
-    call = step.last_call
-    assert call["xla_bytes"] + call["reserved"] <= budget
-    (variant,) = [v for v in step.variants()
-                  if v["dims"] == call["dims"] and v["round"] == call["round"]]
-    want = jax.jit(fn).lower(*args).compile(compiler_options=variant["compiler_options"])(*args)
-    chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6)
-    rounds.append(call["round"])
-    del got
+  rounds = budgets.rounds_run_within(
+      step, budget, fn, [(state, *resnet.example_batch(cfg, 2, 16, 24)), longest],
+      lambda got, want: chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6))
   assert rounds[0] == 0 < rounds[1]
   assert step.cache_info()["compiles"] <= 3   # one for the small images, at most 2 for the large
