@@ -220,9 +220,42 @@ def test_a_long_fused_chain():
   def chain(x):
     for _ in range(2000):
       x = x * 1.0001 + 0.5
-    return jnp.sum(x)
+    return jnp.sum(x, axis=1)   # 4 elements a row: a reduction XLA:CPU does not split
   an = symmem.analyze(chain, jnp.ones((8, 4)), polymorphic_shapes=("n, _",))
-  assert an.round_footprint(0, {"n": 64}) == 64 * 4 * 4 + 4   # the argument and the result
+  assert an.round_footprint(0, {"n": 64}) == 64 * 4 * 4 + 64 * 4   # argument and result
+
+
+def _scaled_sum(x):
+  return jnp.sum(jnp.exp(x) * 2.0, axis=-1)   # a product only the reduction reads
+
+
+def _whole_sum(x):
+  return jnp.sum(x * 3.0)
+
+
+def _normed_layers(x, ws):
+  def layer(h, w):
+    h = h @ w
+    return h * lax.rsqrt(jnp.sum(jnp.square(h), -1, keepdims=True) + 1.0), None
+  return jnp.sum(lax.scan(layer, x, ws)[0])
+
+
+@pytest.mark.parametrize("fun,shape,spec,n", [
+    (_scaled_sum, (8, 16), "_, n", 16), (_scaled_sum, (8, 16), "_, n", 64),
+    (_scaled_sum, (8, 16), "_, n", 4096), (_whole_sum, (8, 8), "n, n", 2048),
+    (_normed_layers, (8, 64), "n, _", 4096)])
+def test_a_long_reduction_as_xla_cpu_splits_it(fun, shape, spec, n):
+  """XLA:CPU computes a reduction over more than 32 elements of a dim as a reduce-window
+  and the reduction of its result, and fuses nothing into the reduce-window: what it
+  reduces is stored, the window's result beside it (at 16 elements all is one loop). In
+  a scan body, a norm's squares take the loop's state buffer, free from the layer's dot
+  until the next state is made."""
+  args = (jnp.ones(shape),) + ((jnp.ones((3, 64, 64)),) if fun is _normed_layers else ())
+  an = symmem.analyze(fun, *args, polymorphic_shapes=(spec,) + (None,) * (len(args) - 1))
+  dims = {"n": n}
+  concrete = tuple(n if d.strip() == "n" else size for d, size in zip(spec.split(","), shape))
+  xla = budgets.xla_bytes(an, 0, dims, (jnp.ones(concrete),) + args[1:])
+  assert an.round_footprint(0, dims) == xla
 
 
 _DOTS = {   # name: (the dot, operand shapes, which operands XLA copies into a canonical layout)

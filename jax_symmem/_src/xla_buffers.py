@@ -76,6 +76,7 @@ import numpy as np
 from jax_symmem._src import memory
 from jax_symmem._src import tracing
 from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.poly import Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 
 # Primitives XLA's CPU and GPU loop fusion computes inside the loop of the op that reads
@@ -103,7 +104,7 @@ IN_PLACE = FUSIBLE - frozenset("""
 FUSES_INTO = FUSIBLE | frozenset("dynamic_update_slice scatter-add split".split())
 # A value computed from constants alone (a broadcast literal, an iota) is also sunk into
 # the loops that read it (XLA's while-loop constant sinking), to be fused there.
-_TAKE_CONSTANTS = FUSES_INTO | {"scan", "while"}
+_SINK_CONSTANTS = frozenset({"scan", "while"})
 
 # 16-bit floats on XLA:CPU: it computes bfloat16 / float16 ops in float32 and, allowed excess
 # precision (its default), drops the conversions to 16 bits and back between them, so a
@@ -128,6 +129,15 @@ HALF_AS_FLOAT32: bool | None = None
 # does not count (`convolution_scratch`). None: decided by the default backend
 # (`canonicalizes_convolutions`).
 CANONICAL_CONVOLUTIONS: bool | None = None
+# XLA:CPU computes a reduction over a dim of more than 32 elements as a reduce-window of
+# 32 followed by the reduction of its result (`TreeReductionRewriter`, for precision), and
+# a reduce-window is no loop its producers fuse into (`CpuInstructionFusion`): the array
+# reduced is stored, and the reduction ends its life (a softmax gradient's product, a
+# norm's squares). Variadic reductions (argmax, argmin) are not split. None: decided by
+# the default backend (`_tree_reductions`).
+TREE_REDUCED = frozenset("reduce_and reduce_max reduce_min reduce_or reduce_prod reduce_sum".split())
+TREE_REDUCTION_WINDOW = 32
+TREE_REDUCTIONS: bool | None = None
 
 
 def _on_cpu(override: bool | None) -> bool:
@@ -143,6 +153,30 @@ def stores_half_as_float32() -> bool:
   return _on_cpu(HALF_AS_FLOAT32)
 
 
+def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
+                     ) -> dict[int, int]:
+  """{node: bytes} of the reductions of `program` (not its subprograms) that XLA:CPU
+  splits at the complete dims `env` (`TREE_REDUCED`; none off CPU), with the bytes of the
+  first reduce-window's result (a window of 32 elements per reduced dim: 1/32 as long
+  there), a temporary beside the array it reduces. (It is reduced again the same way while
+  a dim is over 32, into space the reduced array leaves.)"""
+  if not _on_cpu(TREE_REDUCTIONS):
+    return {}
+  out = {}
+  for node in program.nodes:
+    if node.name not in TREE_REDUCED:
+      continue
+    x, axes = node.inputs[0], node.params["axes"]
+    shape = [d.evaluate(env) if isinstance(d, Poly) else int(d) for d in (
+        x.aval.shape if isinstance(x, Const) else graph.values[x].dims)]
+    itemsize = (x.aval.dtype.itemsize if isinstance(x, Const) else graph.values[x].itemsize)
+    if any(shape[a] > TREE_REDUCTION_WINDOW for a in axes):
+      out[node.index] = itemsize * int(np.prod(
+          [-(-d // TREE_REDUCTION_WINDOW) if a in axes else d for a, d in enumerate(shape)],
+          dtype=np.int64))
+  return out
+
+
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
                  order: Sequence[int], donated: Iterable[int] = (), fusion: bool = True,
                  pinned: Iterable[int] = (), kept: Iterable[int] = ()) -> int:
@@ -154,7 +188,8 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  stored = _stored(program, fusion, kept=frozenset(kept), entry=True)
+  windows = _tree_reductions(graph, env, program) if fusion else {}
+  stored = _stored(program, fusion, kept=frozenset(kept), entry=True, split=frozenset(windows))
   size, draws = _with_counters(graph, stored, size, frozenset(pinned))
   size, upcasts = _with_float32_halves(program, stored, size)
   pos = np.empty(len(order), np.int64)
@@ -169,6 +204,7 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
                      else (memory.transient_at(graph, node, env),))]
   parts += [(pos[i], size[x]) for i, x in stored.dot_copies if size[x]]
   parts += [(pos[i], b) for i, b in draws]
+  parts += [(pos[i], b) for i, b in windows.items()]
   spans = [(p, p, b) for p, b in parts] + [
       (int(pos[list(nodes)].min()), int(pos[list(nodes)].max()), b) for nodes, b in upcasts]
   copies: dict[tuple, list[int]] = {}   # one per operand and order, to its last reader
@@ -231,13 +267,16 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       n = len(body.nodes)
       if not n:
         continue
-      stored = _stored(body, True, streamed, carried, sliced)
+      windows = _tree_reductions(graph, env, body)
+      stored = _stored(body, True, streamed, carried, sliced, split=frozenset(windows))
       value_bytes = graph.bytes_at(env, body.value_ids())
       size, draws = _with_counters(graph, stored, value_bytes)
       size, upcasts = _with_float32_halves(body, stored, size)
       start, end = stored.live_ranges(np.arange(n))
       sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
+      if node.name == "scan":
+        sizes = _in_loop_state(body, stored, size, sizes, start, end, n_consts, k)
       if upcasts:   # in the body's order, which is its node order
         sizes = np.concatenate([sizes, [b for _, b in upcasts]])
         start = np.concatenate([start, [min(nodes) for nodes, _ in upcasts]])
@@ -247,18 +286,60 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       np.add.at(live, end + 1, -sizes)
       live = np.cumsum(live)[:n]
       inner = {i.index: _working_parts(graph, i, env) for i in body.control_flow}
-      for i, b in [(i, size[x]) for i, x in stored.dot_copies] + draws:
+      for i, b in [(i, size[x]) for i, x in stored.dot_copies] + draws + list(windows.items()):
         if b:
           inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
         live[i] += sum(parts)
       hoisted = _hoisted_counters(graph, stored, value_bytes) if node.name != "cond" else ()
+      if node.name == "scan":   # XLA's table of pointers to the loop's state: the
+        # counter, every operand (consts, carries, scanned inputs) and every stacked result
+        hoisted += (8 * (1 + len(node.inputs) + len(body.outputs) - k),)
       live += sum(hoisted)
       p = int(live.argmax())
       if live[p] > sum(best):
         best = tuple(sizes[(start <= p) & (end >= p)].tolist()) + inner.get(p, ()) + hoisted
     cache[node] = best
   return cache[node]
+
+
+def _in_loop_state(body: Program, stored: "_Stored", size: Mapping[int, int],
+                   sizes: np.ndarray, start: np.ndarray, end: np.ndarray, n_consts: int,
+                   k: int) -> np.ndarray:
+  """`sizes` with the body's temporaries that XLA places in the loop's state left out.
+
+  The loop's state is one buffer per carry, the body's carry input and next carry alike:
+  from the input's last read until the next carry is made it holds nothing, and XLA puts
+  body temporaries there as into any free allocation (largest first, where no occupant
+  is live with them): a norm's squares between the layer's dot and its next state."""
+  last = {}
+  for node in body.nodes:
+    for x in node.operands:
+      last[x] = node.index
+  made = {o: node.index for node in body.nodes for o in node.outputs}
+  where = {v: j for j, v in enumerate(stored.owned)}
+  slots = []   # (bytes, first free step, last free step)
+  for x, y in zip(body.inputs[n_consts:n_consts + k], body.outputs[:k]):
+    if isinstance(y, Const) or y not in made or y in body.inputs:
+      continue
+    first = last.get(x, -1) + 1
+    # A stored next carry occupies the state from when it is made; a fused one is
+    # computed into it by the node that makes it.
+    free_to = (start[where[y]] if y in where else made[y]) - 1
+    if free_to >= first:
+      slots.append((size[x], first, free_to))
+  if not slots:
+    return sizes
+  sizes = sizes.copy()
+  occupants: list[list[tuple[int, int]]] = [[] for _ in slots]
+  for j in sorted(np.flatnonzero(sizes).tolist(), key=lambda j: -sizes[j]):
+    for (room, first, free_to), taken in zip(slots, occupants):
+      if (sizes[j] <= room and first <= start[j] and end[j] <= free_to
+          and all(end[j] < a or b < start[j] for a, b in taken)):
+        taken.append((int(start[j]), int(end[j])))
+        sizes[j] = 0
+        break
+  return sizes
 
 
 def _with_counters(graph: ShapeGraph, stored: "_Stored", size: dict[int, int],
@@ -518,23 +599,25 @@ class _Stored:
 
 def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
             carried: frozenset = frozenset(), sliced: frozenset = frozenset(),
-            kept: frozenset = frozenset(), entry: bool = False) -> _Stored:
+            kept: frozenset = frozenset(), entry: bool = False,
+            split: frozenset = frozenset()) -> _Stored:
   """`streamed`: results the caller copies out as soon as they are made (a scan body's
   per-iteration outputs, which XLA writes into their stacked buffers): temporaries, unless
   also `carried` (the loop's next state), which live to the body's end when stored.
   `sliced`: inputs that are one iteration's slice of a stacked operand, stored (from
   their first reader to their last) where a reader cannot compute the slice itself.
   `entry`: the program XLA compiles (not a loop body or branch), whose convolutions XLA
-  may copy operands of (`_canonicalized_convs`)."""
+  may copy operands of (`_canonicalized_convs`). `split`: the reductions XLA splits
+  (`_tree_reductions`), which store what they reduce."""
   entry = entry and fusion and canonicalizes_convolutions()
-  key = (id(program), fusion, streamed, carried, sliced, kept, entry)
+  key = (id(program), fusion, streamed, carried, sliced, kept, entry, split)
   hit = _STORED.get(key)
   if hit is not None and hit[0] is program:
     return hit[1]
   convs = _canonicalized_convs(program) if entry else ()
   # A convolution reads the copies of its copied operands, not the operands themselves.
   copied = frozenset((i, x) for i, x, _, _ in convs if x not in program.nodes[i].outputs)
-  fused, duplicated = (_fusion(program, streamed, carried, kept, copied) if fusion
+  fused, duplicated = (_fusion(program, streamed, carried, kept, copied, split) if fusion
                        else ({}, {}))
   dataflow = _topological(program) if fusion else []
   via: dict[int, tuple[int, ...]] = {}   # a value computed in a reader's loop -> the
@@ -545,8 +628,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
         if v in recomputed:
           via[v] = tuple(dict.fromkeys(y for o in recomputed[v] for y in via.get(o, (o,))))
   def reads(x, reader=None):   # what a reader's loop reads to compute operand x
-    if x in duplicated and not (reader is not None and (
-        reader.name in FUSES_INTO or (reader.index, x) in copied)):
+    if x in duplicated and not (reader is not None and _takes(reader, x, copied, split)):
       return (x,)
     return via.get(x, (x,))
 
@@ -563,7 +645,7 @@ def _stored(program: Program, fusion: bool, streamed: frozenset = frozenset(),
     for node in program.nodes:
       for x in sliced.intersection(y for x in node.operands for y in reads(x, node)):
         first[x] = min(first.get(x, node.index), node.index)
-        if node.name not in FUSES_INTO:
+        if node.name not in FUSES_INTO or node.index in split:
           index.setdefault(x, -1)
     for x in [x for x, k in index.items() if k < 0]:
       index[x] = len(made_by)
@@ -616,9 +698,16 @@ def fused_values(program: Program, streamed: frozenset = frozenset(),
   return _fusion(program, streamed, carried, kept, copied)[0]
 
 
+def _takes(reader: Node, x: int, copied: frozenset, split: frozenset) -> bool:
+  """Whether `reader`'s loop can compute its operand `x` (fused into it): an op of
+  `FUSES_INTO` but a split reduction (`_tree_reductions`), or a convolution's copy."""
+  return ((reader.name in FUSES_INTO and reader.index not in split)
+          or (reader.index, x) in copied)
+
+
 def _fusion(program: Program, streamed: frozenset = frozenset(),
             carried: frozenset = frozenset(), kept: frozenset = frozenset(),
-            copied: frozenset = frozenset()
+            copied: frozenset = frozenset(), split: frozenset = frozenset()
             ) -> tuple[dict[int, tuple[int, ...]], dict[int, tuple[int, ...]]]:
   """(`fused_values`, the cheap values XLA both stores and duplicates -> what they read).
 
@@ -646,13 +735,14 @@ def _fusion(program: Program, streamed: frozenset = frozenset(),
       continue
     (v,) = node.outputs
     rs = readers.get(v, ())
-    takers = FUSES_INTO if node.operands else _TAKE_CONSTANTS   # a constant, broadcast
-    takes = [r.name in takers or (r.index, v) in copied for r in rs]
+    takes = [_takes(r, v, copied, split) or (not node.operands and r.name in _SINK_CONSTANTS)
+             for r in rs]
     computing = lambda r: (loops[r.outputs[0]] if r.outputs and (
         r.outputs[0] in fused or r.outputs[0] in duplicated) else 1)
     loops[v] = (v in streamed) + (v in carried) + sum(
         computing(r) if take else 1 for r, take in zip(rs, takes))
-    if (node.name not in FUSIBLE or v in results or v in kept or not loops[v]
+    if (node.name not in FUSIBLE or node.index in split or v in results or v in kept
+        or not loops[v]
         or (node.name in EXPENSIVE and (loops[v] > 1 or any(r.name in REUSES for r in rs)))):
       continue
     if all(takes):
