@@ -267,6 +267,20 @@ def _resnet(g: Geometry = Geometry()) -> Workload:
       resnet.step_constraints(sides[-1], batch), sides)
 
 
+def _vit(g: Geometry = Geometry()) -> Workload:
+  # A Vision Transformer as big_vision writes it (nn.scan over its blocks) on square
+  # images of three sizes, 8-pixel patches: 16 to 256 tokens, attention b * heads *
+  # (h*w)**2; per-layer checkpointing is nn.remat on the scanned block.
+  from jax_symmem.examples import vit
+  cfg = vit.PRESETS["small"]
+  batch, sides = 4 * g.batch, (32, 64, 128)
+  return Workload(
+      "vit", lambda policy: vit.train_step_fn(vit.ViT(cfg, policy)),
+      lambda: vit.init_state(cfg), lambda side: vit.example_batch(cfg, batch, side),
+      lambda side: {"b": batch, "h": side // 8, "w": side // 8}, vit.POLYMORPHIC_SHAPES,
+      vit.step_constraints(sides[-1], batch), sides)
+
+
 # name -> (geometry = the CPU tables') -> Workload
 WORKLOADS = {
     "llama": lambda g=Geometry(): _llama(False, g=g),
@@ -277,7 +291,7 @@ WORKLOADS = {
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
-    "resnet": _resnet,
+    "resnet": _resnet, "vit": _vit,
 }
 
 
