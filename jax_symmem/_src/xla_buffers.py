@@ -46,6 +46,12 @@ dot's result XLA computed with merged free dims and reshaped, nor a loop body's 
 which is copied out later). Not modeled: XLA's own reordering, and fusions it declines for their cost
 (duplicated code, minor-dimension concatenations).
 
+On CPU a reduction over a dim of more than 32 elements is computed as a reduce-window and
+a reduction of its result, and nothing fuses into the reduce-window: what it reduces is
+stored (a softmax gradient's product, a norm's squares; `_tree_reductions`). A loop body's
+temporaries go into the loop's state buffer where it is free, from the carry's last read
+until the next carry is made (`_in_loop_state`).
+
 XLA fuses a cheap value that reads at most one array of its rank into every reader that
 can take it and stores it only for the others: a normalized activation read by a dot or a
 convolution and by the backward pass's elementwise ops is stored until the dot, and the
