@@ -253,32 +253,30 @@ def _t5(g: Geometry = Geometry()) -> Workload:
       t5.step_constraints(g.lengths[-1], g.lengths[-1] // 2, g.batch), g.lengths)
 
 
-def _resnet(g: Geometry = Geometry()) -> Workload:
-  # A vision step: a Flax ResNet with batch norm on square images of three sizes (its
-  # "lengths" are the image side, 8 * h = 8 * w pixels); per-layer checkpointing is
-  # nn.remat on each residual block.
-  from jax_symmem.examples import resnet
-  cfg = resnet.PRESETS["small"]
+def _images(name: str, module, model, cfg, g: Geometry) -> Workload:
+  """An image classifier of `jax_symmem.examples` (resnet, vit: the same batches and
+  shapes) on square images of 32, 64 and 128 pixels (its "lengths" are the image side, 8 *
+  h = 8 * w pixels), at 4x the geometry's batch; per-layer checkpointing is nn.remat on
+  each block (`model(cfg, remat_policy)`)."""
   batch, sides = 4 * g.batch, (32, 64, 128)
   return Workload(
-      "resnet", lambda policy: resnet.train_step_fn(resnet.ResNet(cfg, policy)),
-      lambda: resnet.init_state(cfg), lambda side: resnet.example_batch(cfg, batch, side),
-      lambda side: {"b": batch, "h": side // 8, "w": side // 8}, resnet.POLYMORPHIC_SHAPES,
-      resnet.step_constraints(sides[-1], batch), sides)
+      name, lambda policy: module.train_step_fn(model(cfg, policy)),
+      lambda: module.init_state(cfg), lambda side: module.example_batch(cfg, batch, side),
+      lambda side: {"b": batch, "h": side // 8, "w": side // 8}, module.POLYMORPHIC_SHAPES,
+      module.step_constraints(sides[-1], batch), sides)
+
+
+def _resnet(g: Geometry = Geometry()) -> Workload:
+  # A Flax ResNet with batch norm.
+  from jax_symmem.examples import resnet
+  return _images("resnet", resnet, resnet.ResNet, resnet.PRESETS["small"], g)
 
 
 def _vit(g: Geometry = Geometry()) -> Workload:
-  # A Vision Transformer as big_vision writes it (nn.scan over its blocks) on square
-  # images of three sizes, 8-pixel patches: 16 to 256 tokens, attention b * heads *
-  # (h*w)**2; per-layer checkpointing is nn.remat on the scanned block.
+  # A Vision Transformer as big_vision writes it (nn.scan over its blocks), 8-pixel
+  # patches: 16 to 256 tokens, attention b * heads * (h*w)**2.
   from jax_symmem.examples import vit
-  cfg = vit.PRESETS["small"]
-  batch, sides = 4 * g.batch, (32, 64, 128)
-  return Workload(
-      "vit", lambda policy: vit.train_step_fn(vit.ViT(cfg, policy)),
-      lambda: vit.init_state(cfg), lambda side: vit.example_batch(cfg, batch, side),
-      lambda side: {"b": batch, "h": side // 8, "w": side // 8}, vit.POLYMORPHIC_SHAPES,
-      vit.step_constraints(sides[-1], batch), sides)
+  return _images("vit", vit, vit.ViT, vit.PRESETS["small"], g)
 
 
 # name -> (geometry = the CPU tables') -> Workload

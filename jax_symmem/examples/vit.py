@@ -28,10 +28,10 @@ from typing import Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 import optax
 
 from jax_symmem.examples import llama
+from jax_symmem.examples import resnet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,7 +110,9 @@ class ViT(nn.Module):
         jnp.mean(x, axis=1))
 
 
-POLYMORPHIC_SHAPES = (None, "b, 8*h, 8*w, _", "b", "b")
+# The ResNet's images: batches, polymorphic shapes (8-pixel tiles) and all.
+POLYMORPHIC_SHAPES = resnet.POLYMORPHIC_SHAPES
+example_batch = resnet.example_batch   # (cfg, batch, height, width=None, seed=0)
 
 
 def step_constraints(max_side: int, max_batch: int, patch: int = 8) -> tuple[str, ...]:
@@ -143,14 +145,3 @@ def train_step_fn(model: ViT, *, learning_rate: float = 1e-3) -> Callable:
             "opt_state": opt_state}, loss
 
   return train_step
-
-
-def example_batch(cfg: ViTConfig, batch: int, height: int, width: int | None = None,
-                  seed: int = 0):
-  """(images, labels, weights): random images, labels, and weights that leave out about
-  one example in eight (a padded last batch)."""
-  width = height if width is None else width
-  rng = np.random.RandomState(seed + 7 * height + width)
-  images = rng.standard_normal((batch, height, width, cfg.channels)).astype(np.float32)
-  return (jnp.asarray(images), jnp.asarray(rng.randint(0, cfg.classes, batch), jnp.int32),
-          jnp.asarray(rng.rand(batch) > 0.125, jnp.float32))
