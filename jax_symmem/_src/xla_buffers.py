@@ -318,17 +318,21 @@ def _in_loop_state(body: Program, stored: "_Stored", size: Mapping[int, int],
   from the input's last read until the next carry is made it holds nothing, and XLA puts
   body temporaries there as into any free allocation (largest first, where no occupant
   is live with them): a norm's squares between the layer's dot and its next state."""
-  last = {}
-  for node in body.nodes:
-    for x in node.operands:
-      last[x] = node.index
   made = {o: node.index for node in body.nodes for o in node.outputs}
   where = {v: j for j, v in enumerate(stored.owned)}
+  dataflow = _topological(body)
+  def last_read(x) -> int:   # by a reader, or by one computing a value fused from x
+    reach, last = {x}, -1
+    for node in dataflow:
+      if reach.intersection(node.operands):
+        last = max(last, node.index)
+        reach.update(o for o in node.outputs if o not in where)
+    return last
   slots = []   # (bytes, first free step, last free step)
   for x, y in zip(body.inputs[n_consts:n_consts + k], body.outputs[:k]):
     if isinstance(y, Const) or y not in made or y in body.inputs:
       continue
-    first = last.get(x, -1) + 1
+    first = last_read(x) + 1
     # A stored next carry occupies the state from when it is made; a fused one is
     # computed into it by the node that makes it.
     free_to = (start[where[y]] if y in where else made[y]) - 1
