@@ -728,7 +728,8 @@ def _fusion(program: Program, streamed: frozenset = frozenset(),
   pass's elementwise ops is held only until that convolution). Only a producer that
   reads at most one array of its own rank (`_at_most_unary`) is duplicated so; any
   other is computed in its readers only where all of them can (XLA's
-  `ComputeGloballyUnfusible`: duplicating it would read more than it writes)."""
+  `ComputeGloballyUnfusible`: duplicating it would read more than it writes). A reduction
+  in `split` (`_tree_reductions`) takes no operand into its loop and is stored itself."""
   readers: dict[int, list[Node]] = {}
   made: dict[int, Node] = {}
   for node in program.nodes:
