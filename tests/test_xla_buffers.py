@@ -233,6 +233,10 @@ def _whole_sum(x):
   return jnp.sum(x * 3.0)
 
 
+def _half_sum(x):
+  return jnp.sum(x * 2, axis=-1)   # of bfloat16: jnp.sum converts to float32 and reduces
+
+
 def _normed_layers(x, ws):
   def layer(h, w):
     h = h @ w
@@ -243,18 +247,20 @@ def _normed_layers(x, ws):
 @pytest.mark.parametrize("fun,shape,spec,n", [
     (_scaled_sum, (8, 16), "_, n", 16), (_scaled_sum, (8, 16), "_, n", 64),
     (_scaled_sum, (8, 16), "_, n", 4096), (_whole_sum, (8, 8), "n, n", 2048),
-    (_normed_layers, (8, 64), "n, _", 4096)])
+    (_normed_layers, (8, 64), "n, _", 4096), (_half_sum, (8, 16), "_, n", 4096)])
 def test_a_long_reduction_as_xla_cpu_splits_it(fun, shape, spec, n):
   """XLA:CPU computes a reduction over more than 32 elements of a dim as a reduce-window
   and the reduction of its result, and fuses nothing into the reduce-window: what it
   reduces is stored, the window's result beside it (at 16 elements all is one loop). In
   a scan body, a norm's squares take the loop's state buffer, free from the layer's dot
-  until the next state is made."""
-  args = (jnp.ones(shape),) + ((jnp.ones((3, 64, 64)),) if fun is _normed_layers else ())
+  until the next state is made. A bfloat16 value, which XLA:CPU stores as float32, is
+  reduced itself: its conversion to float32 is gone."""
+  dtype = jnp.bfloat16 if fun is _half_sum else jnp.float32
+  args = (jnp.ones(shape, dtype),) + ((jnp.ones((3, 64, 64)),) if fun is _normed_layers else ())
   an = symmem.analyze(fun, *args, polymorphic_shapes=(spec,) + (None,) * (len(args) - 1))
   dims = {"n": n}
   concrete = tuple(n if d.strip() == "n" else size for d, size in zip(spec.split(","), shape))
-  xla = budgets.xla_bytes(an, 0, dims, (jnp.ones(concrete),) + args[1:])
+  xla = budgets.xla_bytes(an, 0, dims, (jnp.ones(concrete, dtype),) + args[1:])
   assert an.round_footprint(0, dims) == xla
 
 

@@ -160,15 +160,20 @@ def stores_half_as_float32() -> bool:
 
 
 def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
-                     ) -> dict[int, int]:
-  """{node: bytes} of the reductions of `program` (not its subprograms) that XLA:CPU
-  splits at the complete dims `env` (`TREE_REDUCED`; none off CPU), with the bytes of the
-  first reduce-window's result (a window of 32 elements per reduced dim: 1/32 as long
-  there), a temporary beside the array it reduces. (It is reduced again the same way while
-  a dim is over 32, into space the reduced array leaves.)"""
+                     ) -> tuple[dict[int, int], frozenset[int], frozenset[int]]:
+  """({node: bytes}, split, stored) for the reductions of `program` (not its subprograms) that
+  XLA:CPU splits at the complete dims `env` (`TREE_REDUCED`; none off CPU): the bytes of
+  each one's first reduce-window result (a window of 32 elements per reduced dim: 1/32 as
+  long there), a temporary beside the array it reduces (reduced again the same way while a
+  dim is over 32, into space the reduced array leaves). A split reduction of a 16-bit
+  value converted to float32 reads that value itself where XLA stores 16-bit values as
+  float32 (the conversion is gone): the value is in `stored`, and the reduction takes the
+  conversion into its loop; `split` holds the others, which store their operand."""
   if not _on_cpu(TREE_REDUCTIONS):
-    return {}
-  out = {}
+    return {}, frozenset(), frozenset()
+  out, stored, through = {}, set(), set()
+  made = {o: node for node in program.nodes for o in node.outputs}
+  halves_are_float32 = stores_half_as_float32()
   for node in program.nodes:
     if node.name not in TREE_REDUCED:
       continue
@@ -180,7 +185,13 @@ def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
       out[node.index] = itemsize * int(np.prod(
           [-(-d // TREE_REDUCTION_WINDOW) if a in axes else d for a, d in enumerate(shape)],
           dtype=np.int64))
-  return out
+      convert = made.get(x)
+      if (halves_are_float32 and convert is not None and convert.name == "convert_element_type"
+          and not isinstance(convert.inputs[0], Const)
+          and _is_half(program.avals[convert.inputs[0]])):
+        stored.add(convert.inputs[0])
+        through.add(node.index)
+  return out, frozenset(out) - through, frozenset(stored)
 
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
@@ -194,8 +205,9 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   env = graph.constraints.complete(dict(env))
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
-  windows = _tree_reductions(graph, env, program) if fusion else {}
-  stored = _stored(program, fusion, kept=frozenset(kept), entry=True, split=frozenset(windows))
+  windows, split, reduced = (_tree_reductions(graph, env, program) if fusion
+                             else ({}, frozenset(), frozenset()))
+  stored = _stored(program, fusion, kept=frozenset(kept) | reduced, entry=True, split=split)
   size, draws = _with_counters(graph, stored, size, frozenset(pinned))
   size, upcasts = _with_float32_halves(program, stored, size)
   pos = np.empty(len(order), np.int64)
@@ -273,8 +285,8 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       n = len(body.nodes)
       if not n:
         continue
-      windows = _tree_reductions(graph, env, body)
-      stored = _stored(body, True, streamed, carried, sliced, split=frozenset(windows))
+      windows, split, reduced = _tree_reductions(graph, env, body)
+      stored = _stored(body, True, streamed, carried, sliced, kept=reduced, split=split)
       value_bytes = graph.bytes_at(env, body.value_ids())
       size, draws = _with_counters(graph, stored, value_bytes)
       size, upcasts = _with_float32_halves(body, stored, size)
