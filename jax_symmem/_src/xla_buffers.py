@@ -122,9 +122,9 @@ _SINK_CONSTANTS = frozenset({"scan", "while"})
 # once and stored so; read by dots only, it stays float32. Measured against
 # `memory_analysis()` on CPU (2026-12-04): exact on a chain of bfloat16 dots
 # (`tests/test_xla_buffers.py`); on six Flax steps with bfloat16 compute, 36 rounds
-# (`python -m experiments.bench_half_floats`), 0.65-1.23 x XLA's figure (mean |error|
-# 0.089), all within 10 % + 8 MiB, where counting 16 bits read 0.61-1.00 (31 within).
-# Over by 13-23 %: the unrolled steps' rounds that recompute at b=4, s=256. float16 (ad
+# (`python -m experiments.bench_half_floats`), 0.65-1.28 x XLA's figure (mean |error|
+# 0.094), all within 10 % + 8 MiB, where counting 16 bits read 0.61-1.11 (31 within).
+# Over by 13-28 %: the unrolled steps' rounds that recompute at b=4, s=256. float16 (ad
 # hoc): the dot chain exact; the scanned Flax step computing in float16, round 0 1.11-1.18
 # x XLA (16 bits: 0.91-0.94), its last round 0.96-0.99 (0.87-0.97). XLA:GPU runs 16-bit
 # ops as they are. None: decided by the default backend (`stores_half_as_float32`).
