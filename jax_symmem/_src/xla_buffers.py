@@ -81,7 +81,7 @@ import numpy as np
 
 from jax_symmem._src import memory
 from jax_symmem._src import tracing
-from jax_symmem._src.ir import Const, Node, Program
+from jax_symmem._src.ir import Const, Node, Operand, Program
 from jax_symmem._src.poly import Poly
 from jax_symmem._src.shape_graph import ShapeGraph
 
@@ -172,26 +172,43 @@ def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
   if not _on_cpu(TREE_REDUCTIONS):
     return {}, frozenset(), frozenset()
   out, stored, through = {}, set(), set()
-  made = {o: node for node in program.nodes for o in node.outputs}
   halves_are_float32 = stores_half_as_float32()
-  for node in program.nodes:
-    if node.name not in TREE_REDUCED:
-      continue
-    x, axes = node.inputs[0], node.params["axes"]
+  for i, x, axes, half in _reductions(program):
     shape = [d.evaluate(env) if isinstance(d, Poly) else int(d) for d in (
         x.aval.shape if isinstance(x, Const) else graph.values[x].dims)]
     itemsize = (x.aval.dtype.itemsize if isinstance(x, Const) else graph.values[x].itemsize)
     if any(shape[a] > TREE_REDUCTION_WINDOW for a in axes):
-      out[node.index] = itemsize * int(np.prod(
+      out[i] = itemsize * int(np.prod(
           [-(-d // TREE_REDUCTION_WINDOW) if a in axes else d for a, d in enumerate(shape)],
           dtype=np.int64))
-      convert = made.get(x)
-      if (halves_are_float32 and convert is not None and convert.name == "convert_element_type"
-          and not isinstance(convert.inputs[0], Const)
-          and _is_half(program.avals[convert.inputs[0]])):
-        stored.add(convert.inputs[0])
-        through.add(node.index)
+      if halves_are_float32 and half is not None:
+        stored.add(half)
+        through.add(i)
   return out, frozenset(out) - through, frozenset(stored)
+
+
+def _reductions(program: Program) -> tuple[tuple[int, Operand, tuple, int | None], ...]:
+  """(node, operand, axes, the 16-bit value the operand converts to float32, or None) of
+  each reduction of `TREE_REDUCED` in `program`: what `_tree_reductions` reads at every
+  dims, found once per program (the planner asks a round at many dims)."""
+  hit = _REDUCTIONS.get(id(program))
+  if hit is not None and hit[0] is program:
+    return hit[1]
+  made = {o: node for node in program.nodes for o in node.outputs}
+  found = []
+  for node in program.nodes:
+    if node.name in TREE_REDUCED:
+      x, convert = node.inputs[0], made.get(node.inputs[0])
+      half = (convert.inputs[0] if convert is not None
+              and convert.name == "convert_element_type"
+              and not isinstance(convert.inputs[0], Const)
+              and _is_half(program.avals[convert.inputs[0]]) else None)
+      found.append((node.index, x, tuple(node.params["axes"]), half))
+  memory._remember(_REDUCTIONS, id(program), (program, tuple(found)))   # noqa: SLF001
+  return tuple(found)
+
+
+_REDUCTIONS: dict = {}
 
 
 def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
