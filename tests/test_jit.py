@@ -17,6 +17,7 @@ import pytest
 import jax_symmem as symmem
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import variants as variants_lib
+from jax_symmem._src import xnnpack
 from jax_symmem.examples import transformer
 from tests import budgets
 from tests import programs
@@ -221,6 +222,53 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   assert runs[1][1]["compiles"] == 3 and runs[1][1]["recompiles"] == 1
   assert runs[1][1]["executables"] == 1   # the variant it replaced is not kept
   assert runs[2][0] == refined and runs[2][1]["compiles"] == 3 + runs[2][1]["refinements"] - 1
+
+
+def test_round_0_compiles_as_jax_jit_where_xnnpacks_fusions_fit(monkeypatch):
+  if jax.devices()[0].platform != "cpu":
+    pytest.skip("XNNPACK fusions are XLA:CPU's")
+  fn = transformer.make_train_step(CFG)
+  args, dims = _args(4, 128), {"b": 4, "s": 128}
+  arg_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array))
+  live = {"other": 0}   # bytes of arrays other than the arguments
+  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes + live["other"])
+  own = jax.jit(fn).lower(*args).compile()   # jax.jit's own: XNNPACK fuses dots and chains
+  with_fusions = variants_lib.footprint(own) + xnnpack.hidden_bytes_bound(own.as_text())
+  single_dots = variants_lib.footprint(jax.jit(fn).lower(*args).compile(
+      compiler_options=variants_lib.FAST_PATH_CPU_OPTIONS))
+  assert single_dots < with_fusions   # the fusions' inner values cost room
+  predicted = _budgeted_step(None).analyze(*args).dispatch_figure(0, dims)
+  make = lambda budget: symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
+                                   memory_budget=budget)
+  # Room for them: round 0 exactly as jax.jit compiles it, bit for bit jax.jit's numbers.
+  step = make(with_fusions)
+  chex.assert_trees_all_equal(step(*args), own(*args))
+  (variant,) = step.compiled(**dims)
+  assert step.last_call["xnnpack_fusions"] and variant.compiler_options == {}
+  assert variant.xla_bytes == with_fusions and step.cache_info()["compiles"] == 1
+  # Other live arrays take that room: the single-dot round 0 replaces it, within the budget.
+  live["other"] = with_fusions - single_dots
+  _assert_tree_close(step(*args), _jax_jit_outputs(4, 128))
+  assert not step.last_call["xnnpack_fusions"] and step.last_call["round"] == 0
+  assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= with_fusions
+  assert step.cache_info()["compiles"] == 2
+  live["other"] = 0
+  # Room for single dots only: tried once, then round 0 with single dots (2 compiles).
+  budget = (single_dots + with_fusions) // 2
+  assert predicted <= budget   # the planner dispatches round 0 there
+  step = make(budget)
+  _assert_tree_close(step(*args), _jax_jit_outputs(4, 128))
+  assert step.last_call["round"] == 0 and not step.last_call["xnnpack_fusions"]
+  assert step.last_call["xla_bytes"] == single_dots and step.cache_info()["compiles"] == 2
+  # A shape the learned ratio (with_fusions / predicted) puts over: no second try.
+  ratio = with_fusions / predicted
+  small = _args(4, 120)
+  assert step.analyze(*small).dispatch_figure(0, {"b": 4, "s": 120}) * ratio > budget
+  step(*small)
+  assert not step.last_call["xnnpack_fusions"] and step.cache_info()["compiles"] == 3
+  # Far below the budget they fit again.
+  step(*_args(1, 8))
+  assert step.last_call["xnnpack_fusions"] and step.cache_info()["compiles"] == 4
 
 
 def test_no_budget_error_for_a_budget_jax_jit_meets():

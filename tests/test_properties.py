@@ -128,7 +128,8 @@ def _check_jit_matches_jax_jit(ops, shapes, budgeted):
       # The reference: jax.jit compiled with the XLA options of the variant that ran
       # (the memory-saving ones change reduction order).
       (variant,) = [v for v in step.compiled(**dims) if v.round == step.last_call["round"]]
-      options = ({} if budget is None else jit_lib.CPU_COMPILER_OPTIONS
+      options = ({} if budget is None else dict(variant.compiler_options)
+                 if variant.xnnpack_fusions else jit_lib.CPU_COMPILER_OPTIONS
                  if variant.memory_options else jit_lib.FAST_PATH_CPU_OPTIONS)
       _assert_tree_close(got, jax.jit(fun).lower(*args).compile(compiler_options=options)(*args))
   info = step.cache_info()

@@ -83,6 +83,9 @@ class _Entry:
   fallback: Callable | None = None
   calibration: dict[int, float] = dataclasses.field(default_factory=dict)  # round -> XLA/model
   calibrated_at: dict[int, int] = dataclasses.field(default_factory=dict)  # round -> its peak
+  # "fusions" -> the largest (XLA's figure + XNNPACK's bound) / prediction of round 0
+  # compiled with XLA:CPU's XNNPACK fusions (`variants.compile_with_fusions`).
+  ratios: dict[str, float] = dataclasses.field(default_factory=dict)
   variants: dict[tuple, variants_lib.Variant] = dataclasses.field(default_factory=dict)
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
   decisions: dict[tuple, int] = dataclasses.field(default_factory=dict)
@@ -186,9 +189,14 @@ class SymmemFunction:
       if k is None:
         k, _ = analysis.best_round(dims, budget, reserved, entry.calibration, predicted=True)
       variant = entry.variants.get((dims_key, k))
+      fusions = True
+      if (variant is not None and variant.xnnpack_fusions
+          and not self._policy(flat, budget, reserved).fits(variant.xla_bytes)):
+        # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
+        variant, fusions = None, False
       if variant is None:
         try:
-          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved)
+          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions)
         except BudgetError as e:
           entry.refused[key] = str(e)
           self._counts["budget_errors"] += 1
@@ -349,9 +357,11 @@ class SymmemFunction:
       self._entries[static_key] = entry
       return entry
 
-  def _compile(self, entry: _Entry, key, dims, k, args, flat, budget, reserved):
-    """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting);
-    `key` is the call's (dims, reserved MiB, budget)."""
+  def _compile(self, entry: _Entry, key, dims, k, args, flat, budget, reserved,
+               fusions: bool = True):
+    """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting;
+    round 0 with XLA:CPU's XNNPACK fusions first where `fusions`); `key` is the call's
+    (dims, reserved MiB, budget)."""
     compiles = 0
     compile_flat = self._lower(args, flat, entry)
     def lower(fn, options):
@@ -361,7 +371,7 @@ class SymmemFunction:
       return compile_flat(fn, options)
     chosen, compiled = variants_lib.compile_fitting(
         entry.analysis, dims, k, self._policy(flat, budget, reserved), lower,
-        entry.calibration, entry.calibrated_at)
+        entry.calibration, entry.calibrated_at, entry.ratios if fusions else None)
     entry.variants[(key[0], chosen.round)] = chosen
     if budget is not None and len(compiled) > 1:   # a bracket to refine when the shape recurs
       entry.searches[key] = [(v.round, v.xla_bytes) for v in compiled]
@@ -471,7 +481,8 @@ class SymmemFunction:
   def _run(self, entry: _Entry, dims, variant, flat, budget, reserved):
     """Runs `variant` on the flat arguments (recorded as `last_call`)."""
     self.last_call = {"dims": dims, "round": variant.round, "reserved": reserved,
-                      "budget": budget, "xla_bytes": variant.xla_bytes}
+                      "budget": budget, "xla_bytes": variant.xla_bytes,
+                      "xnnpack_fusions": variant.xnnpack_fusions}
     out = variant.executable(*flat)
     return jax.tree_util.tree_unflatten(entry.analysis.traced.out_tree, out)
 

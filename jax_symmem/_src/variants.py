@@ -21,6 +21,7 @@ from jax_symmem._src import fence
 from jax_symmem._src import interpret
 from jax_symmem._src import remat
 from jax_symmem._src import tracing
+from jax_symmem._src import xnnpack
 from jax_symmem._src.budget import sizes
 from jax_symmem._src.errors import BudgetError
 
@@ -64,6 +65,12 @@ MAX_RECOMPILES = 3
 # 0.258 s, same 257.2 MiB XLA footprint; unrolled Llama 0.248 vs 0.240 s, 236.2 vs
 # 237.2 MiB; jax.jit 0.258 / 0.246 s).
 FAST_PATH_CPU_OPTIONS = dict(XNNPACK_DOTS)
+# ... unless round 0 fits with XLA:CPU's own XNNPACK fusions, as jax.jit compiles it
+# (`compile_with_fusions`): XLA's figure plus a bound on what the fusions hold beside it
+# (`xnnpack.hidden_bytes_bound`) within the budget. They run elementwise chains and
+# reductions in XNNPACK, which XLA:CPU's own loops run slower (GPT-2's GELU and norms,
+# a ViT's stacked residuals read back in its backward scan).
+FUSION_OPTION = next(iter(XNNPACK_DOTS))
 IMPOSE_MIN_BYTES = fence.MIN_BYTES
 
 
@@ -75,6 +82,9 @@ class CompilePolicy:
   platform: str = "cpu"
   impose_schedule: bool = False
   max_recompiles: int = MAX_RECOMPILES
+  # Whether round 0 may compile with XLA:CPU's XNNPACK fusions where they fit
+  # (`compile_with_fusions`).
+  xnnpack_fusions: bool = True
   agree: Callable[[int], int] = lambda footprint: footprint   # across processes (device.py)
 
   @property
@@ -103,11 +113,15 @@ class Variant:
   # The XLA options it was compiled with ({} exactly as jax.jit): a budget's round 0
   # differs from jax.jit by XNNPACK fusions alone, which can move the last bits.
   compiler_options: Mapping[str, str] = dataclasses.field(default_factory=dict)
+  # Compiled with XLA:CPU's XNNPACK fusions (`compile_with_fusions`): xla_bytes then
+  # includes the bound on what they hold beside XLA's figure.
+  xnnpack_fusions: bool = False
 
   def describe(self) -> dict:
     return {"dims": dict(self.dims), "round": self.round, "xla_bytes": self.xla_bytes,
             "memory_options": self.memory_options,
-            "compiler_options": dict(self.compiler_options)}
+            "compiler_options": dict(self.compiler_options),
+            "xnnpack_fusions": self.xnnpack_fusions}
 
 
 def fenced_recomputation(analysis, k: int) -> bool:
@@ -421,18 +435,62 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   return Variant(dict(dims), k, exe, size, mem, dict(options))
 
 
+def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolicy,
+                         lower: Callable[[Callable, dict], Any],
+                         ratios: dict[str, float]) -> Variant | None:
+  """Round 0 at dims compiled with XLA:CPU's XNNPACK fusions (round 0 as written: exactly
+  as jax.jit compiles it), if XLA's figure, the scratch it leaves out and the largest
+  fusion's inner values (`xnnpack.hidden_bytes_bound`) fit the budget; else None.
+
+  `ratios["fusions"]` keeps the largest ratio of that sum to the round's prediction
+  (`Analysis.dispatch_figure`) seen at the step's earlier shapes: where it predicts no
+  fit, nothing is compiled (at most one compile per step is spent learning it)."""
+  if (policy.budget is None or policy.platform != "cpu" or policy.impose_schedule
+      or not policy.xnnpack_fusions):
+    return None
+  predicted = max(1, analysis.dispatch_figure(0, dims))
+  ratio = ratios.get("fusions")
+  if ratio is not None and not policy.fits(math.ceil(predicted * ratio)):
+    return None
+  options, _ = policy.options_for(analysis, 0)
+  options.pop(FUSION_OPTION, None)   # XLA's own XNNPACK fusions
+  exe = lower(round_function(analysis, 0, dims), options)
+  try:
+    hidden = xnnpack.hidden_bytes_bound(exe.as_text())
+  except ValueError as e:   # HLO this version does not read: no bound, no such variant
+    logging.warning("jax_symmem: no bound on XNNPACK's buffers (%s); round 0 of %s compiles "
+                    "without its fusions", e, analysis.traced.fun_name)
+    ratios["fusions"] = math.inf
+    return None
+  size = policy.agree(footprint(exe) + analysis.round_scratch(0, dims) + hidden)
+  ratios["fusions"] = max(ratios.get("fusions", 0.0), size / predicted)
+  logging.info("jax_symmem: compiled %s at %s, round 0 with XNNPACK fusions: XLA footprint "
+               "and their inner values %.1f MiB%s", analysis.traced.fun_name, dims,
+               size / 2**20, "" if policy.fits(size) else " (over the budget)")
+  if not policy.fits(size):
+    return None
+  return Variant(dict(dims), 0, exe, size, False, dict(options), xnnpack_fusions=True)
+
+
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float],
-                    calibrated_at: dict[int, int] | None = None
+                    calibrated_at: dict[int, int] | None = None,
+                    ratios: dict[str, float] | None = None
                     ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
-  the last one over the budget (each by `compile_round`).
+  the last one over the budget (each by `compile_round`). Where k is round 0 and
+  `ratios` is given, round 0 with XLA:CPU's XNNPACK fusions comes first
+  (`compile_with_fusions`) and is dispatched where it fits.
 
   Returns (the variant to dispatch: the fitting one that recomputes least, every
-  variant compiled); raises BudgetError when none fits.
+  variant compiled under the budget's options); raises BudgetError when none fits.
   """
   calibrated_at = {} if calibrated_at is None else calibrated_at
+  if k == 0 and ratios is not None:
+    fast = compile_with_fusions(analysis, dims, policy, lower, ratios)
+    if fast is not None:
+      return fast, [fast]
   last = remat.last_planned(analysis.rounds)
   compiled: list[Variant] = []
 
