@@ -8,10 +8,14 @@ length, the planner's round compiled with the budget options as they are and wit
 XNNPACK fusions left on: XLA's `memory_analysis()` footprint and the real peak
 (DESIGN.md F3, a fresh process per figure). Where the footprints agree but the real
 peaks do not, the fusions hold memory XLA's figure cannot see (F2), so a budget
-checked against it would not hold.
+checked against it would not hold. Each figure also records the bound `symmem.jit` puts
+on what the fusions hold (`xnnpack.hidden_bytes_bound`, the largest fusion's inner
+values) and the scratch XLA's figure leaves out (`Analysis.round_scratch`): round 0
+compiled with XLA's own fusions runs under a budget only where XLA's figure + scratch +
+bound fits (`variants.compile_with_fusions`), so the check is real <= that sum.
 
-  python -m experiments.bench_xnnpack [--workload llama_scan] [--length 512] [--rounds 0,4,-1]
-      [--fusions off,default,dot,individual_dot,individual_dot_eltwise]
+  python -m experiments.bench_xnnpack [--workload llama_scan[,gpt2,...]] [--length 512[,128]]
+      [--rounds 0,4,-1] [--fusions off,default,dot,individual_dot,individual_dot_eltwise]
 
 Writes experiments/results/bench_xnnpack.json (or --out).
 """
@@ -46,6 +50,7 @@ def measured(workload: str, length: int, k: int, fusions: str):
   import jax
   from experiments import bench_models
   from jax_symmem._src import variants
+  from jax_symmem._src import xnnpack
   w = bench_models.WORKLOADS[workload]()
   analysis = bench_models._analysis(w)
   k = len(analysis.rounds) - 1 if k < 0 else k
@@ -57,14 +62,17 @@ def measured(workload: str, length: int, k: int, fusions: str):
     options[YNN_OFF] = FUSION_TYPES[fusions]
   exe = jax.jit(variants.round_function(analysis, k, w.dims(length))).lower(*flat).compile(
       compiler_options=options)
-  return (lambda *_: exe(*flat)), args, {"argument_bytes": _common.tree_bytes(args),
-                                         "xla": _common.xla_memory(exe)["footprint"], "round": k}
+  return (lambda *_: exe(*flat)), args, {
+      "argument_bytes": _common.tree_bytes(args), "xla": _common.xla_memory(exe)["footprint"],
+      "round": k, "bound": xnnpack.hidden_bytes_bound(exe.as_text()),
+      "scratch": analysis.round_scratch(k, w.dims(length))}
 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--workload", default="llama_scan")
-  parser.add_argument("--length", type=int, default=512)
+  parser.add_argument("--workload", default="llama_scan",
+                      help="comma-separated experiments.bench_models workloads")
+  parser.add_argument("--length", default="512", help="comma-separated lengths")
   parser.add_argument("--rounds", default="0,4,-1", help="rounds to compile (-1: the last)")
   parser.add_argument("--fusions", default="off,default",
                       help=f"comma-separated XNNPACK fusion settings among {sorted(FUSION_TYPES)}")
@@ -72,19 +80,23 @@ def main(argv=None) -> int:
   args = parser.parse_args(argv)
   rows = []
   kinds = args.fusions.split(",")
-  print(f"{args.workload} at length {args.length}: MiB, XLA's footprint / real peak per XNNPACK "
-        f"fusion setting")
-  print(f"{'round':>5} " + " ".join(f"{k:>22}" for k in kinds))
-  for k in (int(x) for x in args.rounds.split(",")):
-    got = {f: _common.real_peak("experiments.bench_xnnpack:measured", workload=args.workload,
-                                length=args.length, k=k, fusions=f) for f in kinds}
-    row = {"round": got[kinds[0]]["round"]}
-    for f in kinds:
-      row[f"xla_{f}"], row[f"real_{f}"] = got[f]["xla"], got[f]["real"]
-    rows.append(row)
-    print(f"{row['round']:>5} " + " ".join(
-        f"{got[f]['xla'] / MiB:>10.1f} / {got[f]['real'] / MiB:>9.1f}" for f in kinds), flush=True)
-  print(f"wrote {_common.write_results(args.out, {'workload': args.workload, 'length': args.length, 'rows': rows})}")
+  print("MiB per XNNPACK fusion setting: XLA's footprint / real peak / (+ scratch + bound) - real")
+  print(f"{'workload':>14}{'length':>7}{'round':>6} " + " ".join(f"{k:>26}" for k in kinds))
+  for workload in args.workload.split(","):
+    for length in (int(x) for x in args.length.split(",")):
+      for k in (int(x) for x in args.rounds.split(",")):
+        got = {f: _common.real_peak("experiments.bench_xnnpack:measured", workload=workload,
+                                    length=length, k=k, fusions=f) for f in kinds}
+        row = {"workload": workload, "length": length, "round": got[kinds[0]]["round"]}
+        for f in kinds:
+          for field in ("xla", "real", "bound", "scratch"):
+            row[f"{field}_{f}"] = got[f][field]
+        rows.append(row)
+        print(f"{workload:>14}{length:>7}{row['round']:>6} " + " ".join(
+            f"{g['xla'] / MiB:>8.1f} /{g['real'] / MiB:>7.1f} /"
+            f"{(g['xla'] + g['scratch'] + g['bound'] - g['real']) / MiB:>+8.1f}"
+            for g in (got[f] for f in kinds)), flush=True)
+  print(f"wrote {_common.write_results(args.out, {'rows': rows})}")
   return 0
 
 
