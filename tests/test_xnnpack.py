@@ -30,9 +30,17 @@ _HLO = """HloModule jit_f, entry_computation_layout={(f32[8,4]{1,0})->f32[8]{0}}
   ROOT %e = f32[8,4]{1,0} exponential(%param_0)
 }
 
+%fused_conv (param_0: f32[2,4,4,5], param_1: f32[3,3,5,8]) -> f32[2,4,4,8] {
+  %param_0 = f32[2,4,4,5]{3,2,1,0} parameter(0)
+  %param_1 = f32[3,3,5,8]{3,2,1,0} parameter(1)
+  %conv = f32[2,4,4,8]{3,2,1,0} convolution(%param_0, %param_1), window={size=3x3 pad=1_1x1_1}, dim_labels=b01f_01io->b01f
+  ROOT %t = f32[2,4,4,8]{3,2,1,0} tanh(%conv)
+}
+
 ENTRY %main.1 (x: f32[8,4]) -> f32[8] {
   %x = f32[8,4]{1,0} parameter(0)
   %l = f32[8,4]{1,0} fusion(%x), kind=kLoop, calls=%fused_loop
+  %c = f32[2,4,4,8]{3,2,1,0} fusion(%y, %k), kind=kCustom, calls=%fused_conv, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
   ROOT %ynn_fusion = f32[8]{0} fusion(%l, %x), kind=kCustom, calls=%fused_computation, backend_config={"fusion_config":{"kind":"__ynn_fusion"}}
 }
 """
@@ -41,14 +49,18 @@ ENTRY %main.1 (x: f32[8,4]) -> f32[8] {
 def test_reads_each_xnnpack_fusions_inner_values():
   # dot 8*4*4 B; the tuple 8*4*2 + 2*4 B; the broadcast of preds 8*4*1 B; not the
   # parameters, the bitcast, the constant or the root (XLA's buffers), nor the loop fusion.
-  assert xnnpack.fusion_inner_bytes(_HLO) == [128 + 64 + 8 + 32]
-  assert xnnpack.hidden_bytes_bound(_HLO) == 232
+  # The convolution: its output (2*4*4*8 floats) and its patch matrix, 2*4*4 output
+  # positions x a 3x3 window of 5 input features.
+  assert xnnpack.fusion_inner_bytes(_HLO) == [4 * (2 * 4 * 4 * 8 + 2 * 4 * 4 * 3 * 3 * 5),
+                                               128 + 64 + 8 + 32]
+  assert xnnpack.hidden_bytes_bound(_HLO) == 4 * (256 + 1440)
   assert xnnpack.hidden_bytes_bound(_HLO.replace("__ynn_fusion", "__other")) == 0
 
 
 @pytest.mark.parametrize("broken,message", [
     (("calls=%fused_computation,", "calls=%gone,"), "without its computation"),
     (("(bf16[8,4]{1,0}, s32[2]{0})", "(f4e2m1fn[8,4]{1,0})"), "element type"),
+    (("dim_labels=b01f_01io->b01f", ""), "convolution"),
 ])
 def test_unreadable_text_is_an_error_not_a_zero(broken, message):
   with pytest.raises(ValueError, match=message):
