@@ -345,7 +345,8 @@ def measured(workload: str, variant: str, length: int, budget: int = 0, geometry
                     memory_budget=budget, speed_trials=speed_trials)
   first = _common.settle(step, args)   # the measured call runs the round every later call runs
   info = step.cache_info()
-  return step, args, dict(extra, **{k: step.last_call[k] for k in ("round", "xla_bytes")},
+  return step, args, dict(extra, **{k: step.last_call[k]
+                                    for k in ("round", "xla_bytes", "xnnpack_fusions")},
                           compiles=first["compiles"], first_round=first["round"],
                           refinements=info["refinements"], total_compiles=info["compiles"])
 
@@ -455,6 +456,9 @@ def run_workload(w: Workload, passes: int) -> dict:
     row.update({
         "symmem_real_mib": sym_real["real"] / MiB,
         "symmem_round": sym_real["round"], "symmem_compiles": sym_real["compiles"],
+        # round 0 compiled as jax.jit compiles it, XNNPACK's fusions and all (variants.py)
+        "symmem_xnnpack_fusions": sym_real["xnnpack_fusions"],
+        "timed_xnnpack_fusions": timed["xnnpack_fusions"],
         "symmem_first_round": sym_real["first_round"],
         "symmem_refinements": sym_real["refinements"],
         "symmem_total_compiles": sym_real.get("total_compiles"),
@@ -482,7 +486,8 @@ def run_workload(w: Workload, passes: int) -> dict:
           f"[{'ok' if row['predicted_ok'] else 'OFF'}]; real: jax.jit {row['jit_real_mib']:.1f}, "
           f"per-layer {row['per_layer_real_mib']:.1f}, last round {row['last_round_real_mib']:.1f} "
           f"(reach {row['reach']:.2f}), symmem {row['symmem_real_mib']:.1f} round "
-          f"{row['symmem_round']} [{'fits' if row['within_budget'] else 'OVER'}], compiles "
+          f"{row['symmem_round']}{' (XNNPACK fusions)' if row['symmem_xnnpack_fusions'] else ''} "
+          f"[{'fits' if row['within_budget'] else 'OVER'}], compiles "
           f"{row['symmem_compiles']} (first call's round {row['symmem_first_round']}, "
           f"{row['symmem_refinements']} refinement compiles on later calls); timed round {row['timed_round']} (other live arrays "
           f"{row['timed_reserved_mib']:.1f} MiB); time vs per-layer {row['time_vs_per_layer']:.2f} "
