@@ -82,9 +82,6 @@ class CompilePolicy:
   platform: str = "cpu"
   impose_schedule: bool = False
   max_recompiles: int = MAX_RECOMPILES
-  # Whether round 0 may compile with XLA:CPU's XNNPACK fusions where they fit
-  # (`compile_with_fusions`).
-  xnnpack_fusions: bool = True
   agree: Callable[[int], int] = lambda footprint: footprint   # across processes (device.py)
 
   @property
@@ -444,9 +441,9 @@ def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolic
 
   `ratios["fusions"]` keeps the largest ratio of that sum to the round's prediction
   (`Analysis.dispatch_figure`) seen at the step's earlier shapes: where it predicts no
-  fit, nothing is compiled (at most one compile per step is spent learning it)."""
-  if (policy.budget is None or policy.platform != "cpu" or policy.impose_schedule
-      or not policy.xnnpack_fusions):
+  fit, nothing is compiled, so a compile is spent in vain only where the ratios seen so
+  far predict a fit that XLA's figure then denies."""
+  if policy.budget is None or policy.platform != "cpu" or policy.impose_schedule:
     return None
   predicted = max(1, analysis.dispatch_figure(0, dims))
   ratio = ratios.get("fusions")
