@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import jax_symmem as symmem
 from jax_symmem._src import device
+from jax_symmem._src import variants
 from jax_symmem.examples import llama
 from tests.sharded_llama import _tensor_parallel_spec
 
@@ -30,9 +31,8 @@ from tests.sharded_llama import _tensor_parallel_spec
 CONFIG = llama.LlamaConfig(vocab=128, d_model=32, n_layers=1, n_heads=4, d_ff=64, max_len=64)
 BUDGET = 64 * 2**20   # per device; the ballast sets how much of it the step may use
 # (b, s, free bytes process 1 leaves, free bytes process 0 leaves), as multiples of
-# `basis` (below). Call 1: between the round-0 model and twice it (memory-saving options,
-# which calibrate the model against XLA) for process 1, above twice it (the fast path)
-# for process 0. Calls 2-3: 4 % above the calibrated round-0 prediction for process 1,
+# `basis` (below). Call 1: between the round-0 model and twice it for process 1, above
+# twice it for process 0. Calls 2-3: 4 % above the calibrated round-0 prediction for process 1,
 # where XLA's round 0 does not fit and the recompile loop moves on to a later round;
 # 25 % above for process 0, where round 0 fits.
 CALLS = ((16, 64, 1.5, 2.2), (16, 48, 1.04, 1.25), (16, 48, 1.04, 1.25))
@@ -94,9 +94,12 @@ def run(layout: str, state: dict) -> dict:
     model0 = analysis.round_peak(0, dims)
     if i == 0:
       basis = model0
-    else:   # the round-0 prediction calibrated by XLA's footprint of call 1's variant
-      first = next(v for v in sym.variants() if v["dims"] == {"b": CALLS[0][0], "s": CALLS[0][1]})
-      basis = model0 * first["xla_bytes"] / analysis.round_peak(0, first["dims"])
+      # XLA's footprint of round 0 at call 1's dims compiled with the budget's options
+      # (call 1 itself may run round 0 with XNNPACK's fusions, whose figure adds a bound).
+      budget_round0 = variants.footprint(ref.lower(s_ref, tokens, mask).compile(
+          compiler_options=variants.FAST_PATH_CPU_OPTIONS)) / model0
+    else:   # the round-0 prediction calibrated by XLA's figure for it at call 1's dims
+      basis = model0 * budget_round0
     s_ref, loss_ref = ref(s_ref, tokens, mask)
     gc.collect()   # no array freed by the collector between this reading and the step's
     free = free1 if jax.process_index() == 1 else free0
