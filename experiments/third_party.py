@@ -289,6 +289,9 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
       same_options = ref.lower(*args).compile(compiler_options=options)
       want = same_options(*args)
       row = {"dims": call["dims"], "round": call["round"], "xla_mib": call["xla_bytes"] / MiB,
+             # round 0 compiled as jax.jit compiles it, XNNPACK's fusions and all; xla_mib
+             # then adds the bound on what they hold (variants.compile_with_fusions)
+             "xnnpack_fusions": call["xnnpack_fusions"],
              "fits": call["xla_bytes"] + call["reserved"] <= budget,
              "equal_to_jax_jit": _common.trees_close(got, want),
              "cache_info": step.cache_info()}
@@ -308,7 +311,8 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
         row["timed_round"] = step.last_call["round"]
       del same_options
       rows.append(row)
-      print(f"{name} budget {budget / MiB:.1f} MiB {row['dims']}: round {row['round']}, XLA "
+      print(f"{name} budget {budget / MiB:.1f} MiB {row['dims']}: round {row['round']}"
+            f"{' (XNNPACK fusions)' if row['xnnpack_fusions'] else ''}, XLA "
             f"{row['xla_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), equal to jax.jit: "
             f"{row['equal_to_jax_jit']}"
             + (f" (largest difference {row['largest_difference']:.1e}; jax.jit with these options "
