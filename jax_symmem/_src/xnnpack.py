@@ -10,7 +10,7 @@ variants compile with XNNPACK for single dots only (`variants.XNNPACK_DOTS`).
 the inner values (all but parameters, constants, bitcasts and the root, which XLA
 allocates) of the largest such fusion, counting for each convolution in it the patch
 matrix a convolution computed as a dot reads (output positions x window x input
-features): with inner values alone a Flax ResNet's round 0 at 128 px held 22.1 MiB
+features): with inner values alone a Flax ResNet's round 0 at 128 px held 22.0–22.3 MiB
 beside XLA's figure (and the scratch `xla_buffers.convolution_scratch` adds) where its
 largest fusion's inner values were 16.0 MiB. Measured against real peaks
 (`python -m experiments.bench_xnnpack --fusions default`; README, "XNNPACK's fusions
