@@ -25,6 +25,7 @@ from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import memory
 from jax_symmem._src import schedule
 from jax_symmem._src import tracing
+from tests import budgets
 from tests.tiers import own_database_key
 
 D = 8
@@ -127,11 +128,7 @@ def _check_jit_matches_jax_jit(ops, shapes, budgeted):
       ran.add(tuple(sorted(dims.items())))   # a shape, whatever its key order
       # The reference: jax.jit compiled with the XLA options of the variant that ran
       # (the memory-saving ones change reduction order).
-      (variant,) = [v for v in step.compiled(**dims) if v.round == step.last_call["round"]]
-      options = ({} if budget is None else dict(variant.compiler_options)
-                 if variant.xnnpack_fusions else jit_lib.CPU_COMPILER_OPTIONS
-                 if variant.memory_options else jit_lib.FAST_PATH_CPU_OPTIONS)
-      _assert_tree_close(got, jax.jit(fun).lower(*args).compile(compiler_options=options)(*args))
+      _assert_tree_close(got, budgets.same_options_reference(step, fun, args))
   info = step.cache_info()
   assert info["fallback_calls"] == 0
   assert info["compiles"] >= len(ran)
