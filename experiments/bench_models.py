@@ -155,6 +155,18 @@ def _llama_accum(scan: bool = False, g: Geometry = Geometry()) -> Workload:
       llama.step_constraints(g.lengths[-1], g.batch) + ("m <= 4",), g.lengths)
 
 
+def _moe_scan(g: Geometry = Geometry()) -> Workload:
+  # A sparse Mixture-of-Experts decoder (GShard / Switch top-2 routing, 4 SwiGLU experts of
+  # the Llama MLP's width, capacity factor 1.25: dispatch tensors b * s * 4 * ceil(5s/8))
+  # with its layers under nn.scan; per-layer checkpointing is nn.remat on the scanned layer.
+  from jax_symmem.examples import moe
+  cfg = moe.MoEConfig(**dataclasses.asdict(_llama_config(g)))
+  return _token_workload(
+      "moe_scan", g, lambda policy: moe.train_step_fn(moe.MoE(cfg, policy, scan_layers=True)),
+      lambda: moe.init_state(cfg, scan_layers=True),
+      lambda s: moe.example_batch(cfg, g.batch, s))
+
+
 def _gpt2_config(g: Geometry):
   from jax_symmem.examples import gpt2
   return gpt2.GPT2Config(vocab=g.vocab, d_model=g.d_model, n_layers=g.n_layers,
@@ -289,7 +301,7 @@ WORKLOADS = {
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
-    "resnet": _resnet, "vit": _vit,
+    "resnet": _resnet, "vit": _vit, "moe_scan": _moe_scan,
 }
 
 
