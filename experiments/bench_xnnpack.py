@@ -53,7 +53,10 @@ def measured(workload: str, length: int, k: int, fusions: str):
   from jax_symmem._src import xnnpack
   w = bench_models.WORKLOADS[workload]()
   analysis = bench_models._analysis(w)
-  k = len(analysis.rounds) - 1 if k < 0 else k
+  if not -len(analysis.rounds) <= k < len(analysis.rounds):
+    raise ValueError(f"{workload} has rounds 0..{len(analysis.rounds) - 1} (-1: the last); "
+                     f"round {k} asked")
+  k = k % len(analysis.rounds)
   args = (w.state(), *w.batch(length))
   flat = jax.tree_util.tree_leaves(args)
   options = {o: v for o, v in variants.round_options(analysis, k).items()
