@@ -35,6 +35,8 @@ def test_equinox_scanned_step_without_a_budget_is_jax_jit_at_each_shape():
   assert step.cache_info()["compiles"] == 2
 
 
+# Slow (9 s): the fast tier runs the Equinox step's per-layer checkpointing test.
+@pytest.mark.slow
 def test_equinox_scanned_step_under_a_tight_budget_matches_jax_jit_with_the_same_options():
   # The scan that Equinox's scan-over-layers pattern makes (eqx.filter_vmap-built layers,
   # partition / combine in the body, the model vmapped over the batch) is a loop the

@@ -534,6 +534,9 @@ def _draws(program) -> int:
              for n in program.nodes)
 
 
+# Slow (11 s): the fast tier checks replayed draws in flat programs (test_remat.py,
+# test_fence.py) and every round of a scanned program (above).
+@pytest.mark.slow
 def test_a_scanned_dropout_step_replays_its_draws_in_the_backward_body_and_matches_jax_jit():
   # nn.scan over GPT-2 layers with dropout (the "dropout" stream split per layer): a
   # draw is a function of its key, so a backward body may draw a layer's masks again
