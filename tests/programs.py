@@ -8,6 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jax_symmem._src import executor
+from jax_symmem._src import memory
+from jax_symmem._src import tracing
 from jax_symmem.examples import transformer
 
 
@@ -106,3 +109,17 @@ CASES = (
          ("b, _", None), ("b <= 256",),
          ({"b": 1}, {"b": 2}, {"b": 9}, {"b": 77}, {"b": 256})),
 )
+
+
+def assert_rounds_model_the_executor(analysis, dims, args, rounds=None):
+  """Rounds `rounds` of `analysis` (default: the first and the last) at `dims`, run on
+  `args` by the reference executor with loop bodies op by op: the model's live bytes equal
+  the executor's tracked bytes at every step."""
+  env = analysis.graph.constraints.complete(dims)
+  flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(args)]
+  for k in (0, len(analysis.rounds) - 1) if rounds is None else rounds:
+    r = analysis.rounds[k]
+    order = analysis.round_order(k, dims)
+    program = tracing.specialize_program(r.program, env)
+    _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
+    assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, (k, dims)

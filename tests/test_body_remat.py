@@ -13,11 +13,9 @@ import pytest
 import jax_symmem as symmem
 from jax_symmem._src import analysis as analysis_lib
 from jax_symmem._src import body_remat
-from jax_symmem._src import executor
 from jax_symmem._src import loop_remat
-from jax_symmem._src import memory
-from jax_symmem._src import tracing
 from jax_symmem._src import variants
+from tests import programs
 from tests import test_plan_cache
 
 D, V = 16, 32
@@ -128,15 +126,8 @@ def test_regenerations_run_inside_the_scan_behind_fences():
 
 def test_model_of_body_rounds_equals_running_the_body_op_by_op():
   analysis = _analyze(True)
-  dims = {"m": 2, "b": 2, "s": 16}
-  env = analysis.graph.constraints.complete(dims)
-  flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves((_params(), *_batch(2, 2, 16)))]
-  for k in (0, len(analysis.rounds) - 1):
-    r = analysis.rounds[k]
-    order = analysis.round_order(k, dims)
-    program = tracing.specialize_program(r.program, env)
-    _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
-    assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, k
+  programs.assert_rounds_model_the_executor(analysis, {"m": 2, "b": 2, "s": 16},
+                                            (_params(), *_batch(2, 2, 16)))
 
 
 def test_body_rounds_replay_from_a_plan_file(tmp_path):
@@ -264,14 +255,8 @@ def test_residuals_of_a_scanned_model_inside_accumulation_are_evicted_exactly(ne
   for k in range(len(nested.rounds)):
     chex.assert_trees_all_close(_run_round(nested, k, dims, args), ref, rtol=2e-5, atol=1e-6)
   # The model of every round is what running it op by op, loops included, allocates.
-  small = {"m": 2, "b": 2, "s": 16}
-  env = nested.graph.constraints.complete(small)
-  flat = jax.tree_util.tree_leaves(_nested_args(2, 2, 16))
-  for k, r in enumerate(nested.rounds):
-    order = nested.round_order(k, small)
-    _, live, _ = executor.run_tracked(tracing.specialize_program(r.program, env), flat, order,
-                                      loops_op_by_op=True)
-    assert memory.profile(r.graph, r.program, order).live_bytes(**small) == live, k
+  programs.assert_rounds_model_the_executor(nested, {"m": 2, "b": 2, "s": 16},
+                                            _nested_args(2, 2, 16), range(len(nested.rounds)))
 
 
 def test_the_nested_last_round_reaches_per_layer_checkpointing_in_xla(nested):

@@ -23,6 +23,7 @@ from jax_symmem._src import variants
 from jax_symmem._src import xla_buffers
 from jax_symmem.examples import gpt2
 from jax_symmem.examples import llama
+from tests import programs
 
 
 def _scanned_loss(activations, n_layers, seq_axis_mix, unroll=1):
@@ -277,16 +278,7 @@ def test_model_of_loop_rounds_equals_running_the_bodies_op_by_op():
   args = (state, *llama.example_batch(cfg, 2, 16))
   analysis = symmem.analyze(fn, *args, polymorphic_shapes=(None, "b, s", "b, s"),
                             constraints=("s <= 64", "b <= 2", "s >= 2"))
-  for dims in ({"b": 2, "s": 16},):
-    env = analysis.graph.constraints.complete(dims)
-    args = (state, *llama.example_batch(cfg, dims["b"], dims["s"]))
-    flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves(args)]
-    for k in (0, len(analysis.rounds) - 1):
-      r = analysis.rounds[k]
-      order = analysis.round_order(k, dims)
-      program = tracing.specialize_program(r.program, env)
-      _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
-      assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, (k, dims)
+  programs.assert_rounds_model_the_executor(analysis, {"b": 2, "s": 16}, args)
 
 
 def test_renaming_a_backward_operand_leaves_the_forward_reading_the_original():

@@ -5,16 +5,13 @@ for the backward one (each step's gates and states) grows with it."""
 import chex
 import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import pytest
 
 import jax_symmem as symmem
-from jax_symmem._src import executor
 from jax_symmem._src import loop_remat
-from jax_symmem._src import memory
-from jax_symmem._src import tracing
 from jax_symmem.examples import llama
 from tests import budgets
+from tests import programs
 
 VOCAB, WIDTH, SHAPES = 128, 32, ((2, 8), (3, 40), (4, 96))
 CONSTRAINTS = ("s >= 2", "s <= 96", "b <= 4")
@@ -68,15 +65,7 @@ def test_a_recurrent_step_is_jax_jit_and_its_time_steps_are_eviction_candidates(
 def test_the_model_of_recurrent_rounds_equals_running_the_time_steps_op_by_op():
   state, fn = _setup()
   analysis = _analysis(fn, state)
-  dims = {"b": 2, "s": 8}
-  env = analysis.graph.constraints.complete(dims)
-  flat = [jnp.asarray(x) for x in jax.tree_util.tree_leaves((state, *_batch(2, 8)))]
-  for k in (0, len(analysis.rounds) - 1):
-    r = analysis.rounds[k]
-    order = analysis.round_order(k, dims)
-    program = tracing.specialize_program(r.program, env)
-    _, live, _ = executor.run_tracked(program, flat, order, loops_op_by_op=True)
-    assert memory.profile(r.graph, r.program, order).live_bytes(**dims) == live, k
+  programs.assert_rounds_model_the_executor(analysis, {"b": 2, "s": 8}, (state, *_batch(2, 8)))
 
 
 @pytest.mark.slow
