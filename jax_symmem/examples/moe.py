@@ -14,7 +14,8 @@ covers every batch (a float `int(1.25 * s)` cannot be traced symbolically).
 
     state = init_state(cfg, seed=0, scan_layers=True)
     step = llama.jit_step(train_step_fn(MoE(cfg, scan_layers=True)), use_symmem=True,
-                          memory_budget=..., max_len=cfg.max_len)
+                          memory_budget="600MiB", max_len=cfg.max_len, max_batch=8)
+    state, loss = step(state, tokens, mask)
 """
 
 from __future__ import annotations
