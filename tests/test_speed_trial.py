@@ -10,10 +10,7 @@ import numpy as np
 import jax_symmem as symmem
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import speed_trial
-from jax_symmem._src import variants
-from jax_symmem._src import xnnpack
 from jax_symmem._src.speed_trial import SpeedTrial
-from tests import budgets
 
 SHAPES = (None, "b, s, _")
 CONSTRAINTS = ("s <= 64", "b <= 4")
@@ -98,41 +95,6 @@ def test_a_recurring_shape_switches_to_the_last_round_when_it_runs_faster():
   (result,) = step.speed_trial_results()
   assert result["dims"] == {"b": 2, "s": 32} and result["kept"] == last
   assert result["fastest_s"] == {0: 1.0, last: 0.5}
-
-
-def test_the_challenger_runs_with_xnnpacks_fusions_where_they_fit():
-  # On the CPU the last round is compiled for the trial as symmem.jit compiles round 0
-  # where the budget has room: with XLA's own XNNPACK fusions, their bound counted; it
-  # computes what jax.jit computes with those options. Where XLA's figure and the bound
-  # do not fit, it runs with the budget's options (XNNPACK for single dots) instead.
-  fn, args = _scanned_step(), _args(s=64, d=32, f=48)   # large enough for XNNPACK to fuse
-  flat, dims = jax.tree_util.tree_leaves(args), {"b": 2, "s": 64}
-
-  def challenger(bound=None):
-    step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
-                      memory_budget=2**30, speed_trials=True)
-    rounds = []
-    with mock.patch.object(jit_lib, "_live_bytes", return_value=0), \
-        mock.patch.object(xnnpack, "hidden_bytes_bound",
-                          side_effect=None if bound is None else lambda text: bound,
-                          wraps=xnnpack.hidden_bytes_bound):
-      for _ in range(3):   # the first call, then the trial's first two
-        chex.assert_trees_all_close(step(*args), jax.jit(fn)(*args), rtol=1e-5, atol=1e-6)
-        rounds.append(step.last_call["round"])
-    last = len(step.analyze(*args).rounds) - 1
-    assert rounds[0] < last and last in rounds   # the trial ran the last round
-    (variant,) = [v for v in step.compiled() if v.round == last]
-    return step.analyze(*args), last, variant
-
-  analysis, last, fused = challenger()
-  assert fused.xnnpack_fusions and variants.FUSION_OPTION not in fused.compiler_options
-  same = jax.jit(variants.round_function(analysis, last, dims)).lower(*flat).compile(
-      compiler_options=dict(fused.compiler_options))
-  chex.assert_trees_all_equal(fused.executable(*flat), same(*flat))
-  single = budgets.xla_bytes(analysis, last, dims, args)
-  assert single < fused.xla_bytes   # XLA's figure and the bound on what the fusions hold
-  _, _, over = challenger(bound=2**31)   # what the fusions may hold: over any budget
-  assert not over.xnnpack_fusions and over.xla_bytes == single
 
 
 def test_a_recurring_shape_keeps_its_round_when_the_last_round_is_not_faster():

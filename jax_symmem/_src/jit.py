@@ -16,8 +16,7 @@ At the first call the step is traced once with symbolic dims and analysed
    compiled next (bounded), ending with the last round. Only when XLA reports
    every variant tried, the last round included, over the budget does the call
    raise `BudgetError`: a variant over budget never runs.
-5. with `speed_trials=True`, a shape that comes back also runs its last round
-   (on the CPU compiled with XNNPACK's fusions where XLA's figure and their bound fit),
+5. with `speed_trials=True`, a shape that comes back also runs its last round,
    in turn with the dispatched one on timed calls, and keeps the faster
    (`speed_trial.py`): fewer FLOPs recomputed is not always faster on XLA.
 
@@ -84,9 +83,8 @@ class _Entry:
   fallback: Callable | None = None
   calibration: dict[int, float] = dataclasses.field(default_factory=dict)  # round -> XLA/model
   calibrated_at: dict[int, int] = dataclasses.field(default_factory=dict)  # round -> its peak
-  # `variants.fusions_key(k)` -> the largest (XLA's figure + XNNPACK's bound) / prediction
-  # of round k compiled with XLA:CPU's XNNPACK fusions (`variants.compile_with_fusions`:
-  # round 0 at a shape's first call, the last round as a speed trial's challenger).
+  # "fusions" -> the largest (XLA's figure + XNNPACK's bound) / prediction of round 0
+  # compiled with XLA:CPU's XNNPACK fusions (`variants.compile_with_fusions`).
   ratios: dict[str, float] = dataclasses.field(default_factory=dict)
   variants: dict[tuple, variants_lib.Variant] = dataclasses.field(default_factory=dict)
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
@@ -427,12 +425,10 @@ class SymmemFunction:
       policy = self._policy(flat, budget, reserved)
       challenger = entry.variants.get((key[0], last))
       if challenger is None and variant.round != last:
-        try:   # with XLA:CPU's XNNPACK fusions where they and their bound fit: often faster
-          lower = self._lower(args, flat, entry)
-          challenger = (variants_lib.compile_with_fusions(analysis, dims, policy, lower,
-                                                          entry.ratios, last)
-                        or variants_lib.compile_round(analysis, dims, last, policy, lower,
-                                                      entry.calibration, entry.calibrated_at))
+        try:
+          challenger = variants_lib.compile_round(analysis, dims, last, policy,
+                                                  self._lower(args, flat, entry),
+                                                  entry.calibration, entry.calibrated_at)
         except Exception as e:  # noqa: BLE001 - keep running the variant that works
           logging.warning("jax_symmem: compiling round %d of %s at %s for a speed trial failed "
                           "(%s: %s)", last, analysis.traced.fun_name, dims, type(e).__name__, e)

@@ -434,45 +434,39 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
 
 def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolicy,
                          lower: Callable[[Callable, dict], Any],
-                         ratios: dict[str, float], k: int = 0) -> Variant | None:
-  """Round k at dims compiled with XLA:CPU's XNNPACK fusions (round 0 as written: exactly
+                         ratios: dict[str, float]) -> Variant | None:
+  """Round 0 at dims compiled with XLA:CPU's XNNPACK fusions (round 0 as written: exactly
   as jax.jit compiles it), if XLA's figure, the scratch it leaves out and the largest
   fusion's inner values (`xnnpack.hidden_bytes_bound`) fit the budget; else None.
 
-  `ratios[fusions_key(k)]` keeps the largest ratio of that sum to the round's prediction
+  `ratios["fusions"]` keeps the largest ratio of that sum to the round's prediction
   (`Analysis.dispatch_figure`) seen at the step's earlier shapes: where it predicts no
   fit, nothing is compiled, so a compile is spent in vain only where the ratios seen so
   far predict a fit that XLA's figure then denies."""
   if policy.budget is None or policy.platform != "cpu" or policy.impose_schedule:
     return None
-  key = fusions_key(k)
-  predicted = max(1, analysis.dispatch_figure(k, dims))
-  ratio = ratios.get(key)
+  predicted = max(1, analysis.dispatch_figure(0, dims))
+  ratio = ratios.get("fusions")
   if ratio is not None and not policy.fits(math.ceil(predicted * ratio)):
     return None
-  options, _ = policy.options_for(analysis, k)
+  options, _ = policy.options_for(analysis, 0)
   options.pop(FUSION_OPTION, None)   # XLA's own XNNPACK fusions
-  exe = lower(round_function(analysis, k, dims), options)
+  exe = lower(round_function(analysis, 0, dims), options)
   try:
     hidden = xnnpack.hidden_bytes_bound(exe.as_text())
   except ValueError as e:   # HLO this version does not read: no bound, no such variant
-    logging.warning("jax_symmem: no bound on XNNPACK's buffers (%s); round %d of %s compiles "
-                    "without its fusions", e, k, analysis.traced.fun_name)
-    ratios[key] = math.inf
+    logging.warning("jax_symmem: no bound on XNNPACK's buffers (%s); round 0 of %s compiles "
+                    "without its fusions", e, analysis.traced.fun_name)
+    ratios["fusions"] = math.inf
     return None
-  size = policy.agree(footprint(exe) + analysis.round_scratch(k, dims) + hidden)
-  ratios[key] = max(ratios.get(key, 0.0), size / predicted)
-  logging.info("jax_symmem: compiled %s at %s, round %d with XNNPACK fusions: XLA footprint "
-               "and their inner values %.1f MiB%s", analysis.traced.fun_name, dims, k,
+  size = policy.agree(footprint(exe) + analysis.round_scratch(0, dims) + hidden)
+  ratios["fusions"] = max(ratios.get("fusions", 0.0), size / predicted)
+  logging.info("jax_symmem: compiled %s at %s, round 0 with XNNPACK fusions: XLA footprint "
+               "and their inner values %.1f MiB%s", analysis.traced.fun_name, dims,
                size / 2**20, "" if policy.fits(size) else " (over the budget)")
   if not policy.fits(size):
     return None
-  return Variant(dict(dims), k, exe, size, False, dict(options), xnnpack_fusions=True)
-
-
-def fusions_key(k: int) -> str:
-  """The key of round k's fusion ratio in `compile_with_fusions`' `ratios`."""
-  return "fusions" if k == 0 else f"fusions of round {k}"
+  return Variant(dict(dims), 0, exe, size, False, dict(options), xnnpack_fusions=True)
 
 
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
