@@ -52,8 +52,9 @@ def _route_by_hand(probs, top_k, capacity):
   return dispatch, combine
 
 
-@pytest.mark.parametrize("top_k, capacity", [(1, 3), (2, 2), pytest.param(2, 7, marks=pytest.mark.slow),
-                                             pytest.param(3, 20, marks=pytest.mark.slow)])
+@pytest.mark.parametrize("top_k, capacity", [
+    (1, 3), (2, 2), pytest.param(2, 7, marks=pytest.mark.slow),
+    pytest.param(3, 20, marks=pytest.mark.slow)])
 def test_route_fills_each_expert_in_token_order_and_drops_the_rest(top_k, capacity):
   probs = jax.nn.softmax(jax.random.normal(jax.random.key(top_k * capacity), (2, 9, 4)), -1)
   got = moe.route(probs, top_k, capacity)

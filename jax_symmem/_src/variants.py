@@ -481,7 +481,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   (`compile_with_fusions`) and is dispatched where it fits.
 
   Returns (the variant to dispatch: the fitting one that recomputes least, every
-  variant compiled under the budget's options); raises BudgetError when none fits.
+  variant compiled: the fusions variant alone where it is dispatched); raises
+  BudgetError when none fits.
   """
   calibrated_at = {} if calibrated_at is None else calibrated_at
   if k == 0 and ratios is not None:

@@ -76,9 +76,10 @@ def fusion_inner_bytes(hlo_text: str) -> list[int]:
 
   Raises ValueError where the text does not read as expected (a fusion's computation
   missing, an element type of unknown size): the caller then knows no bound."""
+  lines = hlo_text.splitlines()
   inner: dict[str, int] = {}
   current, shapes = None, {}
-  for line in hlo_text.splitlines():
+  for line in lines:
     if not line.startswith(" "):
       m = _COMPUTATION.match(line)
       current, shapes = (m.group(1) if m else None), {}
@@ -94,7 +95,7 @@ def fusion_inner_bytes(hlo_text: str) -> list[int]:
       if op == "convolution":
         inner[current] += _patch_bytes(line, shape, shapes)
   sizes = []
-  for line in hlo_text.splitlines():
+  for line in lines:
     if FUSION_KIND in line:
       called = _CALLS.search(line)
       if called is None or called.group(1) not in inner:
