@@ -236,7 +236,7 @@ def restart_with_huge_pages() -> None:
   on first touch, so with the default a step's time grows with its memory (the unrolled
   Llama at b=4, s=512: jax.jit 390-531 ms a step in three fresh processes, per-layer
   checkpointing 369-459; with huge pages 306-357 and 336-386, as their FLOPs order them;
-  README, "Models as people write them"). A device's pool allocator pays no such cost.
+  experiments/RESULTS.md, "Huge pages"). A device's pool allocator pays no such cost.
   Real peaks are measured without it (jax_symmem.measure drops the setting)."""
   mode = pathlib.Path("/sys/kernel/mm/transparent_hugepage/enabled")
   if huge_pages() or not mode.exists() or "[never]" in mode.read_text():

@@ -3,8 +3,8 @@
 Under a budget, `symmem.jit` compiles with `xla_cpu_experimental_ynn_fusion_type=
 LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT` (XNNPACK for single dots only, `variants.XNNPACK_DOTS`;
 until 2026-12-03 with "", no XNNPACK), which costs step time against XLA's default fusions
-(README, "Models as people write them"). This measures, for rounds of one `experiments.bench_models` workload at one
-length, the planner's round compiled with the budget options as they are and with
+(experiments/RESULTS.md, "Models as people write them"). This measures, for rounds of one
+`experiments.bench_models` workload at one length, the planner's round compiled with the budget options as they are and with
 XNNPACK fusions left on: XLA's `memory_analysis()` footprint and the real peak
 (DESIGN.md F3, a fresh process per figure). Where the footprints agree but the real
 peaks do not, the fusions hold memory XLA's figure cannot see (F2), so a budget

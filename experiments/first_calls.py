@@ -21,7 +21,7 @@ from experiments import _common
 from experiments import bench_models
 from jax_symmem._src import analysis
 
-# bench_models' budgets of its 2026-12-02 run (README table), MiB.
+# bench_models' budgets of its 2026-12-02 run (experiments/RESULTS.md), MiB.
 BUDGETS = ("llama=279.9,gpt2=270.4,t5=297.9,gpt2_layerdrop=248.5,llama_scan=265.1,"
            "llama_accum=179.4")
 

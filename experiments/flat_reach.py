@@ -14,7 +14,7 @@ the real peak (F3) of per-layer checkpointing as bench_models compiles it (fence
 option only) and of the last round as symmem.jit compiles it.
 
 This is how the flat planner's rewrite was checked against what XLA does with it
-(README, "Models as people write them"): each figure is one compile (seconds);
+(experiments/RESULTS.md, "Models as people write them"): each figure is one compile (seconds);
 `--real` adds two fresh processes. `--numerics=n` compares round n's outputs (the
 updated state and loss) with those of `jax.jit` compiled with the same options.
 

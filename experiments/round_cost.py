@@ -1,7 +1,7 @@
 """What each round costs in XLA's own accounting, against per-layer checkpointing.
 
 Step time on a shared 2-core machine is noisy, and on CPU the budget's options cost
-time of their own (no XNNPACK fusions, README "Models as people write them"). XLA's
+time of their own (no XNNPACK fusions, experiments/RESULTS.md, "Models as people write them"). XLA's
 `cost_analysis()` of a compiled executable is neither: for each workload of
 bench_models at its longest shape this compiles `jax.jit`, per-layer checkpointing
 (`nn.remat` on each layer, bench_models' options) and rounds of the plan (each with

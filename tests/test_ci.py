@@ -15,3 +15,26 @@ def test_ci_runs_the_readme_test_command_then_the_slow_tier():
   readme_at = next(i for i, line in enumerate(lines) if command in line)
   slow_at = next(i for i, line in enumerate(lines) if "python -m pytest -q -m slow" in line)
   assert readme_at < slow_at
+
+
+def _anchors(text: str) -> set[str]:
+  """GitHub's heading anchors: lower case, punctuation dropped, spaces to hyphens."""
+  headings = re.findall(r"^#+ (.*)$", text, re.M)
+  return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
+def test_the_docs_links_resolve():
+  # README.md summarizes and links into experiments/RESULTS.md (the record) and back: a
+  # section renamed or moved in one must not leave a dead link in the other.
+  for doc in (ROOT / "README.md", ROOT / "experiments" / "RESULTS.md"):
+    text = doc.read_text()
+    links = re.findall(r"\]\(([^)\s]+)\)", text)
+    assert links, doc
+    for link in links:
+      if link.startswith(("http://", "https://")):
+        continue
+      path, _, anchor = link.partition("#")
+      target = (doc.parent / path).resolve() if path else doc
+      assert target.exists(), f"{doc.name}: {link}"
+      if anchor:
+        assert anchor in _anchors(target.read_text()), f"{doc.name}: {link}"

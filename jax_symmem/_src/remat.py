@@ -22,8 +22,8 @@ two of them need is recomputed once.
 
 A layer's residuals are offered as one candidate (`RegionGroup`, unless `LAYER_GROUPS`
 is off), in place of each alone: regenerated together behind one fence from the layer's
-input, as `jax.checkpoint` on the layer does (README, "Models as people write them"). So
-a round evicts a whole layer or values outside any layer, and its recomputation is per-layer
+input, as `jax.checkpoint` on the layer does (experiments/RESULTS.md, "Models as people write
+them"). So a round evicts a whole layer or values outside any layer, and its recomputation is per-layer
 checkpointing's on the layers it evicts.
 """
 

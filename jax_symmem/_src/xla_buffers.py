@@ -38,7 +38,7 @@ not lead).
 So a step whose new parameters and optimizer state are made after its peak still pays
 for them at the peak, less what temporaries fit into their buffers before; and GPT-2's
 GELU intermediates and broadcast masks, which the op-by-op model holds, are not there
-(README, "What the memory model measures", for the figures); and T5's shared
+(experiments/RESULTS.md, "What the memory model measures", for the figures); and T5's shared
 position-bias gradient, a reduction per layer fused into the sum across layers at the end
 of the backward pass, keeps each layer's operand of it live until then. An elementwise
 op writes into the buffer of an operand of its size that dies at it (`IN_PLACE`; not a

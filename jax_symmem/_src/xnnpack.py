@@ -13,7 +13,7 @@ matrix a convolution computed as a dot reads (output positions x window x input
 features): with inner values alone a Flax ResNet's round 0 at 128 px held 22.0–22.3 MiB
 beside XLA's figure (and the scratch `xla_buffers.convolution_scratch` adds) where its
 largest fusion's inner values were 16.0 MiB. Measured against real peaks
-(`python -m experiments.bench_xnnpack --fusions default`; README, "XNNPACK's fusions
+(`python -m experiments.bench_xnnpack --fusions default`; experiments/RESULTS.md, "XNNPACK's fusions
 where they fit").
 """
 
