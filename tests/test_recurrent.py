@@ -1,14 +1,17 @@
-"""A recurrent LM as Flax writes one: `nn.RNN` over an LSTM cell is a `lax.scan` over time,
+"""Recurrent models as Flax writes them: `nn.RNN` over an LSTM cell is a `lax.scan` over time,
 so the loop's trip count is the symbolic sequence length and what the forward scan stacks
-for the backward one (each step's gates and states) grows with it."""
+for the backward one (each step's gates and states) grows with it; `nn.Bidirectional` adds
+a second direction over the flipped sequence."""
 
 import chex
 import flax.linen as nn
 import jax
+import numpy as np
 import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import loop_remat
+from jax_symmem._src import variants
 from jax_symmem.examples import llama
 from tests import budgets
 from tests import programs
@@ -29,8 +32,21 @@ class RecurrentLM(nn.Module):
     return nn.Dense(VOCAB)(nn.LayerNorm()(x))
 
 
-def _setup():
-  model = RecurrentLM()
+class BidirectionalLM(nn.Module):
+  """Two residual bidirectional layers (`nn.Bidirectional`: an LSTM over time forward and a
+  GRU backward), as a tagger or an encoder is written."""
+
+  @nn.compact
+  def __call__(self, tokens):
+    x = nn.Embed(VOCAB, WIDTH)(tokens)
+    for _ in range(2):
+      both = nn.Bidirectional(nn.RNN(nn.LSTMCell(WIDTH)), nn.RNN(nn.GRUCell(WIDTH)))
+      x = x + nn.Dense(WIDTH)(both(nn.LayerNorm()(x)))
+    return nn.Dense(VOCAB)(nn.LayerNorm()(x))
+
+
+def _setup(model=None):
+  model = model or RecurrentLM()
   state = llama.init_linen_state(model, 0, 1e-3)
   return state, llama.train_step_fn(model)
 
@@ -82,3 +98,29 @@ def test_under_a_budget_long_sequences_evict_time_steps():
       lambda got, want: chex.assert_trees_all_close(got, want, rtol=1e-5, atol=1e-6))
   assert rounds[0] == 0 < rounds[1]
   assert step.cache_info()["compiles"] <= 3
+
+
+@pytest.mark.slow
+def test_every_round_of_a_bidirectional_step_computes_what_jax_jit_does():
+  # Flax runs the backward direction as a forward scan over the flipped sequence (`rev`
+  # along the symbolic axis); `lax.scan(reverse=True)` itself is covered by the scanned
+  # programs of tests/test_loop_remat.py.
+  state, fn = _setup(BidirectionalLM())
+  analysis = _analysis(fn, state)
+  scans = {r.forward for rnd in analysis.rounds for r in rnd.regions
+           if isinstance(r, loop_remat.LoopEviction)}
+  assert len(scans) == 4, "both directions of both layers stack time steps"
+  b, s = SHAPES[1]
+  dims, args = {"b": b, "s": s}, (state, *_batch(b, s))
+  flat = jax.tree_util.tree_leaves(args)
+  for k in range(len(analysis.rounds)):
+    options = variants.round_options(analysis, k, jax.devices()[0].platform)
+    got = jax.jit(variants.round_function(analysis, k, dims)).lower(*flat).compile(
+        compiler_options=options)(*flat)
+    want = jax.jit(fn).lower(*args).compile(compiler_options=options)(*args)
+    # A replay that read another time step's carry would be off by the values' scale;
+    # recomputation rounds differently by ulps (tests/test_loop_remat.py, per leaf).
+    for x, y in zip(got, jax.tree_util.tree_leaves(want)):
+      y = np.asarray(y)
+      np.testing.assert_allclose(np.asarray(x), y, rtol=2e-5,
+                                 atol=1e-6 * max(1.0, float(np.max(np.abs(y), initial=0.0))))
