@@ -327,6 +327,31 @@ def test_untraceable_function_falls_back_to_jax_jit_with_one_warning(caplog):
   assert g.cache_info()["fallback_calls"] == 3
 
 
+def test_inside_a_jax_transformation_the_step_is_traced_as_jax_jit_traces_it(caplog):
+  # An enclosing jax.jit, vmap, grad or eval_shape passes tracers: no shape to decide for,
+  # the enclosing program's memory is XLA's to plan. Before, the compiled executable was
+  # called with the tracers (a TypeError from JAX) and each call counted as a cache hit.
+  step = symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 64",),
+                    memory_budget="1GiB")
+  ref = jax.jit(_mlp_step)
+  ws, x = _mlp_args(4)
+  chex.assert_trees_all_close(step(ws, x), ref(ws, x))   # a direct call: planned
+  loss = lambda f: lambda ws, x: f(ws, x)[0]
+  with caplog.at_level(py_logging.WARNING):
+    chex.assert_trees_all_close(jax.jit(loss(step))(ws, x), jax.jit(loss(ref))(ws, x))
+    chex.assert_trees_all_close(jax.grad(loss(step))(ws, x), jax.grad(loss(ref))(ws, x))
+    xs = jnp.stack([x, 2 * x])
+    chex.assert_trees_all_close(jax.vmap(loss(step), (None, 0))(ws, xs),
+                                jax.vmap(loss(ref), (None, 0))(ws, xs))
+    chex.assert_trees_all_equal_shapes_and_dtypes(jax.eval_shape(step, ws, x),
+                                                  jax.eval_shape(ref, ws, x))
+  warnings = [r.getMessage() for r in caplog.records if "inside a JAX transformation" in
+              r.getMessage()]
+  assert len(warnings) == 1 and "'1GiB'" in warnings[0]   # once, naming the budget
+  info = step.cache_info()
+  assert info["traced_calls"] == 4 and info["hits"] == 0 and info["compiles"] == 1
+
+
 def test_a_planner_defect_falls_back_to_jax_jit_and_analyze_names_it(caplog, monkeypatch):
   # A TypeError from the planner is not the caller's mistake (as one from tracing the
   # caller's function is): symmem.jit runs the step under jax.jit, with one warning.

@@ -134,10 +134,13 @@ class SymmemFunction:
     self._entries: dict[Any, _Entry] = {}                 # static key -> its state
     self.last_call: dict | None = None                    # the most recent dispatch
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
-                    "refinements": 0, "budget_errors": 0, "speed_trials": 0}
+                    "refinements": 0, "budget_errors": 0, "speed_trials": 0, "traced_calls": 0}
+    self._inlined: Callable | None = None   # jax.jit of the step, for calls under a trace
 
   # -- public --
   def __call__(self, *args, **kwargs):
+    if self._under_a_transformation(args):
+      return self._call_traced(args, kwargs)
     static_key, dyn_args, bound = self._split(args, kwargs)
     try:
       entry = self._entry(static_key, bound, dyn_args)
@@ -232,8 +235,8 @@ class SymmemFunction:
     """Counts: compiles, cache hits, recompiles (a first call's compiles after the
     first: XLA reported a variant over budget), refinements (compiles on a shape's later
     calls of a round that recomputes less, `_refine`), calls that fell back to jax.jit,
-    calls refused with BudgetError, speed trials settled (`speed_trials=True`),
-    executables."""
+    calls refused with BudgetError, speed trials settled (`speed_trials=True`), calls
+    traced into an enclosing transformation (`traced_calls`: run as jax.jit), executables."""
     with self._lock:
       return dict(self._counts, executables=sum(len(e.variants) for e in self._entries.values()))
 
@@ -526,6 +529,31 @@ class SymmemFunction:
           self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
           donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
       entry.analysis = None
+
+  def _under_a_transformation(self, args) -> bool:
+    return any(isinstance(leaf, jax.core.Tracer)
+               for i, a in enumerate(args) if i not in self._static_argnums
+               for leaf in jax.tree_util.tree_leaves(a))
+
+  def _call_traced(self, args, kwargs):
+    """A call inside another transformation (an enclosing jax.jit, vmap, grad, scan,
+    eval_shape...) has tracers for arguments: there is no run-time shape to decide for,
+    and XLA plans the enclosing program's memory as a whole. The step is traced into it
+    as jax.jit would trace it; the budget applies only to calls made directly."""
+    with self._lock:
+      self._counts["traced_calls"] += 1
+      if self._inlined is None:
+        log = logging.warning if self._budget_arg is not None else logging.info
+        log("jax_symmem: %s is called inside a JAX transformation (jax.jit, vmap, grad, "
+            "scan, eval_shape...): it is traced into the enclosing program as jax.jit would "
+            "trace it, without a memory plan%s (counted in cache_info()['traced_calls'])",
+            getattr(self._fun, "__name__", "function"),
+            "" if self._budget_arg is None else
+            f"; the memory budget ({self._budget_arg!r}) applies to direct calls only")
+        self._inlined = jax.jit(
+            self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
+            donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
+    return self._inlined(*args, **kwargs)
 
   def _call_fallback(self, entry: _Entry, args, kwargs):
     with self._lock:   # `+=` on a dict item is not atomic across threads
