@@ -313,6 +313,12 @@ def test_dtype_other_than_traced():
   f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",))
   f(jnp.ones(3))
   np.testing.assert_allclose(f(np.ones(4)), 2 * np.ones(4))   # float64 is float32 without x64
+  # Typed and raw PRNG keys do not cast into each other: the message says how to convert.
+  noise = symmem.jit(lambda x, key: x + jax.random.normal(key, x.shape),
+                     polymorphic_shapes=("n", None))
+  noise(jnp.ones(3), jax.random.key(0))
+  with pytest.raises(TypeError, match=r"traced for key<fry>.*jax\.random\.wrap_key_data"):
+    noise(jnp.ones(3), jax.random.PRNGKey(0))
 
 
 def test_dynamic_keyword_argument():
