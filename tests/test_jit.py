@@ -380,6 +380,27 @@ def test_static_argnums_and_decorator_form():
   assert scale.cache_info()["compiles"] == 2
 
 
+def test_static_and_donated_arguments_by_name_or_position_as_jax_jit():
+  # As jax.jit: a static argument named in static_argnames may be passed positionally (it
+  # was taken for a dynamic one, and the shape specs did not fit), one in static_argnums
+  # by keyword; donate_argnames donates (it fell back to jax.jit).
+  def step(w, x, train=False):
+    return (w * 2.0, jnp.sum(x) if train else jnp.mean(x))
+  ref = jax.jit(step, static_argnames="train")
+  x = jnp.arange(4.0)
+  for kwargs in ({"static_argnames": "train"}, {"static_argnums": 2}):
+    g = symmem.jit(step, polymorphic_shapes=(None, "n"), **kwargs)
+    for call in (lambda f: f(jnp.ones(2), x, True), lambda f: f(jnp.ones(2), x, train=True),
+                 lambda f: f(jnp.ones(2), x)):
+      chex.assert_trees_all_close(call(g), call(ref))
+    assert g.cache_info()["fallback_calls"] == 0
+  g = symmem.jit(step, polymorphic_shapes=(None, "n"), donate_argnames="w")
+  w = jnp.ones(2)
+  new_w, _ = g(w, x)
+  np.testing.assert_allclose(new_w, 2 * np.ones(2))
+  assert w.is_deleted() and not x.is_deleted() and g.cache_info()["fallback_calls"] == 0
+
+
 def test_fractional_budget_needs_a_device_limit():
   with pytest.raises(ValueError, match="reports no memory limit"):
     jit_lib.resolve_budget(0.5)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import inspect
 import gc
 import math
 import threading
@@ -103,13 +104,31 @@ class _Entry:
   arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
 
+def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+  """As jax.jit does: arguments given by position also by name, and by name also by
+  position, from `fun`'s signature, so a static argument may be passed either way."""
+  argnums = {argnums} if isinstance(argnums, int) else set(argnums)
+  argnames = [argnames] if isinstance(argnames, str) else list(argnames)
+  try:
+    params = list(inspect.signature(fun).parameters.values())
+  except (TypeError, ValueError):   # no signature (some builtins): as given
+    return tuple(sorted(argnums)), tuple(argnames)
+  positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  names = [p.name for p in positional]
+  argnums |= {names.index(n) for n in argnames if n in names}
+  argnames += [positional[i].name for i in sorted(argnums) if 0 <= i < len(positional)
+               and positional[i].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+               and positional[i].name not in argnames]
+  return tuple(sorted(argnums)), tuple(argnames)
+
+
 class SymmemFunction:
   """The function returned by `symmem.jit`."""
 
   def __init__(self, fun: Callable, *, polymorphic_shapes, constraints=(), memory_budget=None,
                impose_schedule: bool = False, static_argnums=(), static_argnames=(),
-               donate_argnums=(), in_shardings=None, out_shardings=None, plan_cache_dir=None,
-               speed_trials: bool = False, **jit_kwargs):
+               donate_argnums=(), donate_argnames=(), in_shardings=None, out_shardings=None,
+               plan_cache_dir=None, speed_trials: bool = False, **jit_kwargs):
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
@@ -118,11 +137,10 @@ class SymmemFunction:
     self._budget_arg = memory_budget
     budget_lib.parse(memory_budget)   # a malformed budget fails here, not at the first call
     self._plan_cache_dir = plan_cache_dir
-    self._static_argnums = tuple(sorted({static_argnums} if isinstance(static_argnums, int)
-                                        else set(static_argnums)))
-    self._static_argnames = ((static_argnames,) if isinstance(static_argnames, str)
-                             else tuple(static_argnames))
-    self._donate = ((donate_argnums,) if isinstance(donate_argnums, int) else tuple(donate_argnums))
+    self._static_argnums, self._static_argnames = _positions_and_names(
+        fun, static_argnums, static_argnames)
+    # Donated arguments are passed positionally (keyword arguments are static ones).
+    self._donate, _ = _positions_and_names(fun, donate_argnums, donate_argnames)
     self._jit_kwargs = jit_kwargs
     # As in jax.jit: prefix trees of the dynamic positional arguments / the outputs.
     self._in_shardings, self._out_shardings = in_shardings, out_shardings
@@ -591,9 +609,10 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       one). The rounds are ranked by the FLOPs they recompute, and XLA can run a round
       that recomputes more faster (a scan's stacked residuals can cost more than
       recomputing them). One more compile per recurring shape; off by default.
-    **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, in_shardings and
-      out_shardings as in jax.jit. With shardings (or sharded arguments) the memory
-      model and the budget are per device.
+    **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, donate_argnames,
+      in_shardings and out_shardings as in jax.jit (an argument named static may be
+      passed positionally, one numbered static by keyword). With shardings (or sharded
+      arguments) the memory model and the budget are per device.
   """
   if fun is None:
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
