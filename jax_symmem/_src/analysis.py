@@ -173,6 +173,17 @@ class Analysis:
       self._ladders[key] = tuple(order)
     return self._ladders[key]
 
+  def floor_round(self, dims: Mapping[str, int]) -> int:
+    """The planner's least-memory round at dims: the first whose predicted footprint
+    (`dispatch_figure`) is the least of the planned rounds'. The rounds planned at smaller
+    dims (step 3 of README's "What happens on a call") follow those planned at the
+    largest, and at the largest dims they add recomputation without a predicted saving:
+    a Flax ResNet's last round at 128 pixels took 243 GFLOP in 231 MiB by XLA's figure,
+    where round 16 took 97 GFLOP in 122 MiB (`experiments.round_cost --workloads resnet`).
+    What a speed trial times against the dispatched round."""
+    last = remat.last_planned(self.rounds)
+    return min(range(last + 1), key=lambda k: (self.dispatch_figure(k, dims), k))
+
   @property
   def as_written_round(self) -> int:
     """The round that is the step exactly as the user wrote it: an annotated step's round

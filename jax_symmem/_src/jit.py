@@ -16,9 +16,10 @@ At the first call the step is traced once with symbolic dims and analysed
    compiled next (bounded), ending with the last round. Only when XLA reports
    every variant tried, the last round included, over the budget does the call
    raise `BudgetError`: a variant over budget never runs.
-5. with `speed_trials=True`, a shape that comes back also runs its last round,
-   in turn with the dispatched one on timed calls, and keeps the faster
-   (`speed_trial.py`): fewer FLOPs recomputed is not always faster on XLA.
+5. with `speed_trials=True`, a shape that comes back also runs its least-memory
+   round (an annotated step: its round as written), in turn with the dispatched one
+   on timed calls, and keeps the faster (`speed_trial.py`): fewer FLOPs recomputed is
+   not always faster on XLA.
 
 Recomputation is fenced with optimization barriers and compiled with XLA:CPU's
 `cse_barrier_expander` disabled, or XLA would merge it back (F1).
@@ -437,12 +438,14 @@ class SymmemFunction:
 
   def _trial_call(self, entry: _Entry, key, dims, variant, args, flat, budget, reserved):
     """One call of a shape's speed trial (`speed_trial.py`), under the lock: the round
-    dispatched and the last round run in turn, each timed from its inputs ready to its
-    outputs ready; when both have their timed calls, the shape keeps the faster."""
+    dispatched and the challenger (an annotated step's round as written, else the
+    planner's least-memory round at these dims, `Analysis.floor_round`) run in turn,
+    each timed from its inputs ready to its outputs ready; when both have their timed
+    calls, the shape keeps the faster."""
     analysis = entry.analysis
     trial = entry.trials.get(key)
     if trial is None:
-      last = len(analysis.rounds) - 1
+      last = analysis.as_written_round or analysis.floor_round(dims)
       policy = self._policy(flat, budget, reserved)
       challenger = entry.variants.get((key[0], last))
       if challenger is None and variant.round != last:
@@ -454,7 +457,7 @@ class SymmemFunction:
           logging.warning("jax_symmem: compiling round %d of %s at %s for a speed trial failed "
                           "(%s: %s)", last, analysis.traced.fun_name, dims, type(e).__name__, e)
       if variant.round == last or challenger is None or not policy.fits(challenger.xla_bytes):
-        entry.timed[key] = {}   # nothing to time (XLA puts the last round over: it never runs)
+        entry.timed[key] = {}   # nothing to time (XLA puts the challenger over: it never runs)
         out = self._run(entry, dims, variant, flat, budget, reserved)
         self.last_call["pending"] = False
         return out
@@ -603,7 +606,8 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       the stored plan instead of planning again; with JAX's persistent compilation
       cache (`jax_compilation_cache_dir`) it also skips XLA's compiles.
     speed_trials: under a budget, when a shape comes back (after its refinement), also
-      compile its last round (the least memory) and time it against the dispatched
+      compile its least-memory round (`Analysis.floor_round`; an annotated step: its
+      round as written) and time it against the dispatched
       round on the next calls, in turn (3 timed calls each, each waiting for its inputs
       and outputs); the shape keeps the faster (by 3 % or more, else the dispatched
       one). The rounds are ranked by the FLOPs they recompute, and XLA can run a round
