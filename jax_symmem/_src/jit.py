@@ -123,6 +123,17 @@ def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple
   return tuple(sorted(argnums)), tuple(argnames)
 
 
+def _jax_jit_trace_error(fun: Callable, args) -> Exception | None:
+  """The error jax.jit's trace of `fun` raises at these arguments (a shape mismatch in
+  the step, data-dependent shapes), or None: where the symbolic trace failed, this tells
+  the step's own errors from the symbolic dims' (which falling back to jax.jit solves)."""
+  try:
+    jax.jit(fun).trace(*args)
+  except Exception as e:  # noqa: BLE001 - whatever the step raises, the caller gets
+    return e
+  return None
+
+
 class SymmemFunction:
   """The function returned by `symmem.jit`."""
 
@@ -369,6 +380,9 @@ class SymmemFunction:
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
+        own = _jax_jit_trace_error(bound, dyn_args)
+        if own is not None:   # the step fails under jax.jit too: its own error, as jax.jit's
+          raise own from None
         self._fall_back(entry, f"{type(e).__name__}: {e}")
       finally:
         # Tracing with symbolic dims leaves exception/traceback cycles (jax's dimension
