@@ -75,6 +75,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import functools
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -127,7 +128,9 @@ _SINK_CONSTANTS = frozenset({"scan", "while"})
 # Over by 13-28 %: the unrolled steps' rounds that recompute at b=4, s=256. float16 (ad
 # hoc): the dot chain exact; the scanned Flax step computing in float16, round 0 1.11-1.18
 # x XLA (16 bits: 0.91-0.94), its last round 0.96-0.99 (0.87-0.97). XLA:GPU runs 16-bit
-# ops as they are. None: decided by the default backend (`stores_half_as_float32`).
+# ops as they are, and so does the XLA:CPU of jax 0.11 (its dots have bfloat16 kernels and
+# the values between stay 16-bit). None: decided by the default backend, on CPU by the
+# dot XLA compiles for two bfloat16 arguments (`stores_half_as_float32`).
 HALF_FLOATS = frozenset({"bfloat16", "float16"})
 HALF_AS_FLOAT32: bool | None = None
 # XLA:CPU's convolutions: out of its kernel's order they copy their operands
@@ -156,7 +159,21 @@ def _on_cpu(override: bool | None) -> bool:
 
 def stores_half_as_float32() -> bool:
   """Whether XLA stores this process's 16-bit float values as float32 (on CPU)."""
-  return _on_cpu(HALF_AS_FLOAT32)
+  if HALF_AS_FLOAT32 is not None:
+    return HALF_AS_FLOAT32
+  return _on_cpu(None) and _cpu_dots_widen_bfloat16()
+
+
+@functools.cache
+def _cpu_dots_widen_bfloat16() -> bool:
+  """Whether this XLA:CPU computes a dot of two bfloat16 arrays in float32 (jax 0.10: a
+  float32 dot between conversions) rather than in bfloat16 (jax 0.11): read once per
+  process from the optimized HLO of such a dot, which the version alone does not say."""
+  import jax
+  x = jax.ShapeDtypeStruct((8, 8), "bfloat16")
+  text = jax.jit(lambda a, b: a @ b).lower(x, x).compile().as_text()
+  dots = [line for line in text.splitlines() if " dot(" in line]
+  return bool(dots) and not any("= bf16[" in line for line in dots)
 
 
 def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
@@ -172,7 +189,6 @@ def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
   if not _on_cpu(TREE_REDUCTIONS):
     return {}, frozenset(), frozenset()
   out, stored, through = {}, set(), set()
-  halves_are_float32 = stores_half_as_float32()
   for i, x, axes, half in _reductions(program):
     shape = [d.evaluate(env) if isinstance(d, Poly) else int(d) for d in (
         x.aval.shape if isinstance(x, Const) else graph.values[x].dims)]
@@ -181,7 +197,7 @@ def _tree_reductions(graph: ShapeGraph, env: Mapping[str, int], program: Program
       out[i] = itemsize * int(np.prod(
           [-(-d // TREE_REDUCTION_WINDOW) if a in axes else d for a, d in enumerate(shape)],
           dtype=np.int64))
-      if halves_are_float32 and half is not None:
+      if half is not None and stores_half_as_float32():   # (probes XLA once: 16-bit steps only)
         stored.add(half)
         through.add(i)
   return out, frozenset(out) - through, frozenset(stored)
