@@ -105,7 +105,7 @@ def test_a_recurring_shape_keeps_its_round_when_the_challenger_is_not_faster():
   assert step.speed_trial_results()[0]["kept"] == 0
 
 
-def test_no_trial_without_the_option_or_when_the_last_round_is_dispatched():
+def test_no_trial_without_the_option_or_when_the_least_memory_round_is_dispatched():
   fn = _scanned_step()
   args = _args()
   plain = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS, memory_budget=2**30)

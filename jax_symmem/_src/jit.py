@@ -29,8 +29,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import gc
+import inspect
 import math
 import threading
 import time
@@ -459,24 +459,24 @@ class SymmemFunction:
     analysis = entry.analysis
     trial = entry.trials.get(key)
     if trial is None:
-      last = analysis.as_written_round or analysis.floor_round(dims)
+      rival = analysis.as_written_round or analysis.floor_round(dims)
       policy = self._policy(flat, budget, reserved)
-      challenger = entry.variants.get((key[0], last))
-      if challenger is None and variant.round != last:
+      challenger = entry.variants.get((key[0], rival))
+      if challenger is None and variant.round != rival:
         try:
-          challenger = variants_lib.compile_round(analysis, dims, last, policy,
+          challenger = variants_lib.compile_round(analysis, dims, rival, policy,
                                                   self._lower(args, flat, entry),
                                                   entry.calibration, entry.calibrated_at)
         except Exception as e:  # noqa: BLE001 - keep running the variant that works
           logging.warning("jax_symmem: compiling round %d of %s at %s for a speed trial failed "
-                          "(%s: %s)", last, analysis.traced.fun_name, dims, type(e).__name__, e)
-      if variant.round == last or challenger is None or not policy.fits(challenger.xla_bytes):
+                          "(%s: %s)", rival, analysis.traced.fun_name, dims, type(e).__name__, e)
+      if variant.round == rival or challenger is None or not policy.fits(challenger.xla_bytes):
         entry.timed[key] = {}   # nothing to time (XLA puts the challenger over: it never runs)
         out = self._run(entry, dims, variant, flat, budget, reserved)
         self.last_call["pending"] = False
         return out
-      entry.variants[(key[0], last)] = challenger
-      trial = entry.trials[key] = speed_trial_lib.SpeedTrial(variant.round, last)
+      entry.variants[(key[0], rival)] = challenger
+      trial = entry.trials[key] = speed_trial_lib.SpeedTrial(variant.round, rival)
     k = entry.decisions[key] = trial.next_round()
     jax.block_until_ready(flat)   # the previous step's work is not this call's time
     t0 = time.perf_counter()
