@@ -126,7 +126,7 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
 
 
 def _mlp_step(ws, x):
-  """SGD on a six-layer tanh MLP: three rounds, each compiling in a fraction of a second."""
+  """SGD on a six-layer tanh MLP: a few rounds, each compiling in a fraction of a second."""
   def loss(ws):
     h = x
     for w in ws:

@@ -11,6 +11,7 @@ import jax_symmem as symmem
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import speed_trial
 from jax_symmem._src.speed_trial import SpeedTrial
+from tests import test_jit
 
 SHAPES = (None, "b, s, _")
 CONSTRAINTS = ("s <= 64", "b <= 4")
@@ -132,18 +133,8 @@ def test_the_challenger_is_the_first_round_at_the_least_predicted_footprint():
   # largest they add recomputation and no predicted saving, so the trial's challenger is
   # the first round at the least predicted footprint, not the last (a Flax ResNet's last
   # round at 128 pixels: 2.5 x round 16's FLOPs in 1.9 x its XLA footprint).
-  def step(ws, x):
-    def loss(ws):
-      h = x
-      for w in ws:
-        h = jnp.tanh(h @ w)
-      return jnp.sum(h ** 2)
-    value, grads = jax.value_and_grad(loss)(ws)
-    return value, [w - 0.1 * g for w, g in zip(ws, grads)]
-  rng = np.random.RandomState(0)
-  ws = [jnp.asarray(rng.randn(32, 32) / 6, jnp.float32) for _ in range(6)]
-  analysis = symmem.analyze(step, ws, jnp.ones((8, 32)), polymorphic_shapes=(None, "b, _"),
-                            constraints=("b <= 512",))
+  analysis = symmem.analyze(test_jit._mlp_step, *test_jit._mlp_args(8),
+                            polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
   for b in (8, 64, 512):
     dims = {"b": b}
     figures = [analysis.dispatch_figure(k, dims) for k in range(len(analysis.rounds))]
