@@ -165,13 +165,13 @@ class SymmemFunction:
     self.last_call: dict | None = None                    # the most recent dispatch
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
                     "refinements": 0, "budget_errors": 0, "speed_trials": 0, "traced_calls": 0}
-    self._inlined: Callable | None = None   # jax.jit of the step, for calls under a trace
+    self._jax_jit: Callable | None = None   # the step under plain jax.jit (`_as_jax_jit`)
 
   # -- public --
   def __call__(self, *args, **kwargs):
-    if self._under_a_transformation(args):
+    static_key, dyn_args, bound, traced = self._split(args, kwargs)
+    if traced:
       return self._call_traced(args, kwargs)
-    static_key, dyn_args, bound = self._split(args, kwargs)
     try:
       entry = self._entry(static_key, bound, dyn_args)
     except ShapeSpecError:
@@ -255,7 +255,7 @@ class SymmemFunction:
 
   def analyze(self, *args, **kwargs) -> analysis_lib.Analysis:
     """The symbolic analysis for these (example) arguments."""
-    static_key, dyn_args, bound = self._split(args, kwargs)
+    static_key, dyn_args, bound, _ = self._split(args, kwargs)
     entry = self._entry(static_key, bound, dyn_args)
     if entry.analysis is None:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
@@ -314,6 +314,13 @@ class SymmemFunction:
     return self._resolved_budget
 
   def _split(self, args, kwargs):
+    """(static key, dynamic arguments, the step bound to the static ones, traced): with
+    `traced` (tracers among the dynamic arguments: a call inside an enclosing
+    transformation, `_call_traced`) nothing else is read."""
+    dyn, leaves = tracing.scalars_as_arrays([a for i, a in enumerate(args)
+                                             if i not in self._static_argnums])
+    if any(isinstance(x, jax.core.Tracer) for x in leaves):
+      return None, dyn, None, True
     for name in kwargs:
       if name not in self._static_argnames:
         raise TypeError(f"symmem.jit supports keyword arguments only as static_argnames; "
@@ -323,8 +330,6 @@ class SymmemFunction:
       hash((static, tuple(sorted(kwargs.items()))))
     except TypeError as e:
       raise TypeError(f"static arguments must be hashable: {e}") from None
-    dyn, leaves = tracing.scalars_as_arrays([a for i, a in enumerate(args)
-                                             if i not in self._static_argnums])
     # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
     weak = tuple(bool(getattr(x, "weak_type", False)) for x in leaves)
     static_key = (static, tuple(sorted(kwargs.items())), weak)
@@ -336,7 +341,7 @@ class SymmemFunction:
       it = iter(dyn_args)
       return self._fun(*[statics[i] if i in statics else next(it) for i in range(nargs)], **kwargs)
     bound.__name__ = getattr(self._fun, "__name__", "function")
-    return static_key, dyn, bound
+    return static_key, dyn, bound, False
 
   def _donated_leaves(self, args) -> tuple[int, ...]:
     """Flat leaf positions of the donated positional arguments (static ones excluded)."""
@@ -560,15 +565,18 @@ class SymmemFunction:
                     "(counted in cache_info()['fallback_calls']).")
       logging.warning("jax_symmem: %s falls back to jax.jit: %s%s",
                       getattr(self._fun, "__name__", "function"), reason, unenforced)
-      entry.fallback = jax.jit(
-          self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-          donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
+      entry.fallback = self._as_jax_jit()
       entry.analysis = None
 
-  def _under_a_transformation(self, args) -> bool:
-    return any(isinstance(leaf, jax.core.Tracer)
-               for i, a in enumerate(args) if i not in self._static_argnums
-               for leaf in jax.tree_util.tree_leaves(a))
+  def _as_jax_jit(self) -> Callable:
+    """The step under plain jax.jit, with the same static, donated and sharding arguments:
+    what fallbacks and calls under an enclosing transformation run (one instance)."""
+    with self._lock:
+      if self._jax_jit is None:
+        self._jax_jit = jax.jit(
+            self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
+            donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
+      return self._jax_jit
 
   def _call_traced(self, args, kwargs):
     """A call inside another transformation (an enclosing jax.jit, vmap, grad, scan,
@@ -577,7 +585,7 @@ class SymmemFunction:
     as jax.jit would trace it; the budget applies only to calls made directly."""
     with self._lock:
       self._counts["traced_calls"] += 1
-      if self._inlined is None:
+      if self._counts["traced_calls"] == 1:
         log = logging.warning if self._budget_arg is not None else logging.info
         log("jax_symmem: %s is called inside a JAX transformation (jax.jit, vmap, grad, "
             "scan, eval_shape...): it is traced into the enclosing program as jax.jit would "
@@ -585,10 +593,7 @@ class SymmemFunction:
             getattr(self._fun, "__name__", "function"),
             "" if self._budget_arg is None else
             f"; the memory budget ({self._budget_arg!r}) applies to direct calls only")
-        self._inlined = jax.jit(
-            self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-            donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
-    return self._inlined(*args, **kwargs)
+    return self._as_jax_jit()(*args, **kwargs)
 
   def _call_fallback(self, entry: _Entry, args, kwargs):
     with self._lock:   # `+=` on a dict item is not atomic across threads
