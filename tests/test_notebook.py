@@ -1,12 +1,15 @@
-"""notebooks/explore_step.ipynb runs headless, small configuration, and shows its plots and plan.
+"""The notebooks run headless (small configuration) and show their plots, plans and results.
 
+notebooks/explore_step.ipynb: a flat step's shape graph, curves, plan and breakpoints;
+notebooks/structured_models.ipynb: a scanned, an encoder-decoder and an annotated step.
 The saved outputs are written by the same code path:
 
-    python -m tests.test_notebook --write
+    python -m tests.test_notebook --write [structured_models.ipynb]
 """
 
 import contextlib
 import os
+import re
 import sys
 import tempfile
 import time
@@ -15,7 +18,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "notebooks" / "explore_step.ipynb"
+NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOK = NOTEBOOKS / "explore_step.ipynb"
+STRUCTURED = NOTEBOOKS / "structured_models.ipynb"
 
 
 @contextlib.contextmanager
@@ -92,15 +97,49 @@ def test_notebook_runs_headless():
   assert elapsed < 120, f"notebook took {elapsed:.0f} s"
 
 
-def main(argv):
-  if argv[1:] != ["--write"]:
-    sys.exit(f"usage: python -m tests.test_notebook --write   (re-executes and saves {NOTEBOOK.name})")
-  nb = nbformat.read(NOTEBOOK, as_version=4)
-  start = time.perf_counter()
+@pytest.mark.slow   # a kernel, three models traced and planned, two compiles
+def test_structured_models_notebook_runs_headless():
+  nb = nbformat.read(STRUCTURED, as_version=4)
   execute(nb)
-  nbformat.validate(nb)
-  nbformat.write(nb, NOTEBOOK)
-  print(f"executed and saved {NOTEBOOK} in {time.perf_counter() - start:.1f} s")
+
+  code_cells = [c for c in nb.cells if c.cell_type == "code"]
+  assert all(c.execution_count for c in code_cells), "a code cell did not run"
+  errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+  assert not errors, errors
+  text = "".join(_text(c) for c in code_cells)
+  # 1. The scan pair's stacked residuals are in the plan, ranked by an exact DEPENDS.
+  assert "evict scan residual" in text and "regenerated in the backward scan" in text
+  assert re.search(r"compare\(probabilities, activation\): DEPENDS: .* for s in \[", text)
+  # 2. Two lengths: undecided over the box, decided once s >= t is added.
+  assert "compare(cross, self): DEPENDS" in text
+  assert re.search(r"at least as long as targets: GE: ", text)
+  # 3. Under the budget the short batch skips the user's recomputation, the long one
+  # evicts, XLA's footprint of each stays within the budget, and the results are jax.jit's.
+  budget = float(re.search(r"^budget ([0-9.]+) MiB", text, re.M).group(1))
+  runs = re.findall(r"s=\s*(\d+): round (\d+)[^,]*, XLA footprint ([0-9.]+) MiB .*?; "
+                    r"loss ([0-9.]+) \(jax.jit ([0-9.]+)\), largest difference of the updated "
+                    r"state ([0-9.e+-]+)", text)
+  assert [(int(s), int(k) > 0) for s, k, *_ in runs] == [(32, False), (512, True)], runs
+  for _, _, xla_mib, loss, want_loss, diff in runs:
+    assert float(xla_mib) <= budget
+    assert float(loss) == pytest.approx(float(want_loss), abs=2e-6)
+    assert float(diff) <= 1e-3   # AdamW's learning rate: see the notebook
+  assert "'fallback_calls': 0" in text
+  images = [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
+  assert len(images) == 2, "expected the rounds plot and the (s, t) maps"
+
+
+def main(argv):
+  if argv[1:2] != ["--write"]:
+    sys.exit("usage: python -m tests.test_notebook --write [NAME.ipynb ...]   (re-executes and "
+             "saves the notebooks named, default all)")
+  for path in [NOTEBOOKS / name for name in argv[2:]] or [NOTEBOOK, STRUCTURED]:
+    nb = nbformat.read(path, as_version=4)
+    start = time.perf_counter()
+    execute(nb)
+    nbformat.validate(nb)
+    nbformat.write(nb, path)
+    print(f"executed and saved {path} in {time.perf_counter() - start:.1f} s")
 
 
 if __name__ == "__main__":
