@@ -25,8 +25,10 @@ For each, at three shapes up to the longest: `symmem.jit` without a budget again
 a fraction of the way from the plan's last round to round 0 (modeled peaks at the longest
 shape): the round each shape runs once its refinements are done, XLA's footprint of that
 variant, the compiles, and the updated state against `jax.jit` compiled with the
-variant's XLA options (rtol 1e-5, atol 1e-6; otherwise the largest difference, beside
-the spread between `jax.jit` with those options and with its defaults, for scale). For
+variant's XLA options (rtol 1e-5, atol 1e-6; otherwise the largest difference, the
+elements off and the worst leaf of AdamW's first moments, which compare the gradients
+before the update (`_common.deviation`), beside the spread between `jax.jit` with those
+options and with its defaults, for scale). For
 the checkpointed models also the step time against the same step under `jax.jit`, which
 recomputes every layer at every shape, as `jax.jit` compiles it and with the variant's XLA
 options (median and fastest of `--passes` interleaved passes): where memory allows, the
@@ -297,6 +299,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
              "cache_info": step.cache_info()}
       if not row["equal_to_jax_jit"]:
         row["largest_difference"] = _largest_difference(got, want)
+        row["deviation"] = _common.deviation(got, want)
         row["jax_jit_options_vs_defaults"] = _largest_difference(want, ref(*args))
       del got, want   # not live at the next shape's calls
       if name in CHECKPOINTED and passes:
@@ -315,8 +318,12 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
             f"{' (XNNPACK fusions)' if row['xnnpack_fusions'] else ''}, XLA "
             f"{row['xla_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), equal to jax.jit: "
             f"{row['equal_to_jax_jit']}"
-            + (f" (largest difference {row['largest_difference']:.1e}; jax.jit with these options "
-               f"vs its defaults {row['jax_jit_options_vs_defaults']:.1e})"
+            + (f" (largest difference {row['largest_difference']:.1e}, "
+               f"{row['deviation']['elements_off']} of {row['deviation']['elements']} elements "
+               f"off, gradients (first moments) within "
+               f"{row['deviation']['first_moment_worst_leaf'] or 0:.1e} of their leaf's largest; "
+               f"jax.jit with these options vs its defaults "
+               f"{row['jax_jit_options_vs_defaults']:.1e})"
                if not row["equal_to_jax_jit"] else "")
             + (f"; time vs jax.jit (which recomputes) {row['time_vs_jax_jit']:.2f} (fastest "
                f"passes {row['time_vs_jax_jit_min']:.2f}), with the same XLA options "
