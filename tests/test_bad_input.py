@@ -223,13 +223,23 @@ def test_an_error_in_the_step_itself_is_jax_jits_error_not_a_fallback(caplog):
   assert g.cache_info()["fallback_calls"] == 0
 
 
+@pytest.mark.filterwarnings("ignore:backend and device argument on jit is deprecated")
 def test_unsupported_jit_options_fall_back(caplog):
-  g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",), keep_unused=True)
+  g = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",), backend="cpu")
   with caplog.at_level(py_logging.WARNING, logger="absl"):
     np.testing.assert_allclose(g(jnp.ones(3)), 2 * np.ones(3))
     np.testing.assert_allclose(g(jnp.ones(4)), 2 * np.ones(4))
   (warning,) = _fallback_warnings(caplog)
-  assert "keep_unused" in warning.getMessage()
+  assert "backend" in warning.getMessage()
+  assert g.cache_info()["fallback_calls"] == 2
+
+
+def test_a_misspelt_jit_option_is_a_type_error_at_once():
+  # As jax.jit raises at decoration, not at a first call that falls back first.
+  with pytest.raises(TypeError, match=r"donate_argnum\b.*jax.jit's options are"):
+    symmem.jit(lambda x: x, polymorphic_shapes=("n",), donate_argnum=0)
+  with pytest.raises(TypeError, match="static_argnum"):
+    symmem.jit(polymorphic_shapes=("n",), static_argnum=0)
 
 
 # -- budgets -------------------------------------------------------------------------

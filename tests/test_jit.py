@@ -453,13 +453,23 @@ def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
   assert "opt-barrier" in variant.executable.as_text()
 
 
-def test_unsupported_jit_options_fall_back_to_jax_jit(caplog):
-  f = lambda x: x * 2.0
-  g = symmem.jit(f, polymorphic_shapes=("n",), keep_unused=True)
-  with caplog.at_level(py_logging.WARNING):
-    np.testing.assert_allclose(g(jnp.ones(3)), 2 * np.ones(3))
-  assert any("keep_unused" in r.getMessage() for r in caplog.records)
-  assert g.cache_info()["fallback_calls"] == 1
+def test_jit_options_that_leave_the_program_alone_are_planned_with(tmp_path):
+  # keep_unused, inline and compiler_options: no fallback, each round compiled with them
+  # (XLA dumps every module it compiles where the user's xla_dump_to says).
+  def step(ws, unused, x):
+    return _mlp_step(ws, x)
+  dump = tmp_path / "xla"
+  kw = dict(polymorphic_shapes=(None, None, "b, _"), constraints=("b <= 512",))
+  ws, x = _mlp_args(256)
+  a = symmem.jit(step, **kw).analyze(ws, jnp.zeros(3), x)
+  budget = (a.dispatch_figure(0, {"b": 256}) + a.dispatch_figure(len(a.rounds) - 1, {"b": 256})) // 2
+  g = symmem.jit(step, **kw, memory_budget=budget, keep_unused=True, inline=True,
+                 compiler_options={"xla_dump_to": str(dump)})
+  got = g(ws, jnp.zeros(3), x)
+  _assert_tree_close(got, jax.jit(_mlp_step)(ws, x))
+  assert g.cache_info()["fallback_calls"] == 0 and g.last_call["round"] > 0
+  dumped = {p.name.split(".")[0] for p in dump.iterdir()}
+  assert len(dumped) == g.cache_info()["compiles"], dumped
 
 
 def test_donate_argnums_donates_only_that_argument():

@@ -134,6 +134,21 @@ def _jax_jit_trace_error(fun: Callable, args) -> Exception | None:
   return None
 
 
+# jax.jit's keyword options (a name outside them is a TypeError, as jax.jit raises one).
+_JAX_JIT_OPTIONS = tuple(p for p in inspect.signature(jax.jit).parameters if p != "fun")
+# Options that leave the traced program alone: every executable is compiled with them.
+# (A compiler option the round's own XLA options also set takes the round's value: those
+# keep XLA's memory figure honest, e.g. no XNNPACK fusions whose buffers it leaves out.)
+_COMPILE_OPTIONS = ("keep_unused", "inline", "compiler_options")
+
+
+def _check_jit_options(jit_kwargs) -> None:
+  unknown = sorted(set(jit_kwargs) - set(_JAX_JIT_OPTIONS))
+  if unknown:
+    raise TypeError(f"symmem.jit got unexpected keyword argument(s) {', '.join(unknown)}; "
+                    f"jax.jit's options are {', '.join(_JAX_JIT_OPTIONS)}")
+
+
 class SymmemFunction:
   """The function returned by `symmem.jit`."""
 
@@ -141,6 +156,7 @@ class SymmemFunction:
                impose_schedule: bool = False, static_argnums=(), static_argnames=(),
                donate_argnums=(), donate_argnames=(), in_shardings=None, out_shardings=None,
                plan_cache_dir=None, speed_trials: bool = False, **jit_kwargs):
+    _check_jit_options(jit_kwargs)
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._shapes = polymorphic_shapes
@@ -153,6 +169,8 @@ class SymmemFunction:
         fun, static_argnums, static_argnames)
     # Donated arguments are passed positionally (keyword arguments are static ones).
     self._donate, _ = _positions_and_names(fun, donate_argnums, donate_argnames)
+    # Passed to every compile; the rest (device, backend) fall back to jax.jit.
+    self._compile_kwargs = {k: jit_kwargs.pop(k) for k in _COMPILE_OPTIONS if k in jit_kwargs}
     self._jit_kwargs = jit_kwargs
     # As in jax.jit: prefix trees of the dynamic positional arguments / the outputs.
     self._in_shardings, self._out_shardings = in_shardings, out_shardings
@@ -538,10 +556,12 @@ class SymmemFunction:
   def _lower(self, args, flat, entry: _Entry) -> Callable:
     """`lower(fn, options)`: compiles `fn` on the flat arguments as jax.jit would (counted)."""
     jit_kwargs = dict(donate_argnums=self._donated_leaves(args),
-                      **self._flat_shardings(args, entry.analysis.traced))
+                      **self._flat_shardings(args, entry.analysis.traced), **self._compile_kwargs)
+    users = jit_kwargs.pop("compiler_options", None) or {}
     def lower(fn, options):
       self._counts["compiles"] += 1
-      return jax.jit(fn, **jit_kwargs).lower(*flat).compile(compiler_options=options)
+      return jax.jit(fn, **jit_kwargs).lower(*flat).compile(
+          compiler_options={**users, **options})
     return lower
 
   def _flat_shardings(self, args, traced) -> dict[str, tuple]:
@@ -575,7 +595,8 @@ class SymmemFunction:
       if self._jax_jit is None:
         self._jax_jit = jax.jit(
             self._fun, static_argnums=self._static_argnums, static_argnames=self._static_argnames,
-            donate_argnums=self._donate, **self._sharding_kwargs, **self._jit_kwargs)
+            donate_argnums=self._donate, **self._sharding_kwargs, **self._compile_kwargs,
+            **self._jit_kwargs)
       return self._jax_jit
 
   def _call_traced(self, args, kwargs):
@@ -635,9 +656,13 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
     **jax_jit_kwargs: static_argnums, static_argnames, donate_argnums, donate_argnames,
       in_shardings and out_shardings as in jax.jit (an argument named static may be
       passed positionally, one numbered static by keyword). With shardings (or sharded
-      arguments) the memory model and the budget are per device.
+      arguments) the memory model and the budget are per device. keep_unused, inline
+      and compiler_options apply to every executable (where a round's own XLA options
+      set the same flag, the round's value holds: they keep XLA's memory figure
+      honest). device and backend fall back to jax.jit; another name is a TypeError.
   """
   if fun is None:
+    _check_jit_options(jax_jit_kwargs)   # as jax.jit: a misspelt option fails at once
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
                              memory_budget=memory_budget, impose_schedule=impose_schedule,
                              plan_cache_dir=plan_cache_dir, speed_trials=speed_trials,
