@@ -1,4 +1,4 @@
-"""Models nobody here wrote: transformers' Flax T5, GPT-2, BART, BERT and Mistral under symmem.jit.
+"""Models nobody here wrote: eleven of transformers' Flax language models (sixteen steps) under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
 a small random config, no download) with AdamW and a masked token loss:
@@ -19,6 +19,16 @@ a small random config, no download) with AdamW and a masked token loss:
   t5_checkpointed, bert_checkpointed  the same T5 and BERT with the library's own
         `gradient_checkpointing=True` (each layer under its `nn.remat`, as a user turns it
         on against running out of memory)
+  gpt_neo  FlaxGPTNeoForCausalLMModule: global and local (window 64) attention layers in turn
+  opt   FlaxOPTForCausalLMModule: learned positions offset by the padding (a cumulative sum
+        of the mask)
+  gptj  FlaxGPTJForCausalLMModule: rotary positions on the first 16 dims of each head,
+        attention and MLP in parallel
+  xglm  FlaxXGLMForCausalLMModule: sinusoidal positions from a table
+  gemma  FlaxGemmaForCausalLMModule: grouped-query attention, a head width of its own,
+        tanh-approximated GELU gates
+  bloom  FlaxBloomForCausalLMModule: ALiBi biases made from the attention mask
+  (each of the last six with padded rows)
 
 For each, at three shapes up to the longest: `symmem.jit` without a budget against
 `jax.jit` (they compile alike, so the updated state must be equal), then under budgets
@@ -35,7 +45,7 @@ options (median and fastest of `--passes` interleaved passes): where memory allo
 plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
-                                               gpt2_bf16,mistral_bf16]
+                                               gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -213,6 +223,70 @@ def _mistral(dtype=jnp.float32):
   return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=dtype), padded=True)
 
 
+def _gpt_neo():
+  from transformers import GPTNeoConfig
+  from transformers.models.gpt_neo.modeling_flax_gpt_neo import FlaxGPTNeoForCausalLMModule
+  cfg = GPTNeoConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128, num_layers=4,
+                     num_heads=4, attention_types=[[["global", "local"], 2]], window_size=64,
+                     embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
+  return _causal_lm(FlaxGPTNeoForCausalLMModule(cfg), padded=True)
+
+
+def _opt():
+  from transformers import OPTConfig
+  from transformers.models.opt.modeling_flax_opt import FlaxOPTForCausalLMModule
+  cfg = OPTConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128, num_hidden_layers=3,
+                  ffn_dim=256, num_attention_heads=4, word_embed_proj_dim=128, dropout=0.0,
+                  attention_dropout=0.0)
+  return _causal_lm(FlaxOPTForCausalLMModule(cfg), padded=True)
+
+
+def _gptj():
+  from transformers import GPTJConfig
+  from transformers.models.gptj.modeling_flax_gptj import FlaxGPTJForCausalLMModule
+  cfg = GPTJConfig(vocab_size=512, n_positions=512, n_embd=128, n_layer=3, n_head=4, rotary_dim=16,
+                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+  return _causal_lm(FlaxGPTJForCausalLMModule(cfg), padded=True)
+
+
+def _xglm():
+  from transformers import XGLMConfig
+  from transformers.models.xglm.modeling_flax_xglm import FlaxXGLMForCausalLMModule
+  cfg = XGLMConfig(vocab_size=512, max_position_embeddings=512, d_model=128, num_layers=3,
+                   attention_heads=4, ffn_dim=256, dropout=0.0, attention_dropout=0.0,
+                   activation_dropout=0.0)
+  return _causal_lm(FlaxXGLMForCausalLMModule(cfg), padded=True)
+
+
+def _gemma():
+  from transformers import GemmaConfig
+  from transformers.models.gemma.modeling_flax_gemma import FlaxGemmaForCausalLMModule
+  cfg = GemmaConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128,
+                    num_hidden_layers=3, intermediate_size=256, num_attention_heads=4,
+                    num_key_value_heads=2, head_dim=32, hidden_activation="gelu_pytorch_tanh")
+  return _causal_lm(FlaxGemmaForCausalLMModule(cfg), padded=True)
+
+
+def _bloom():
+  """BLOOM: ALiBi position biases, made from the attention mask (no position ids)."""
+  from transformers import BloomConfig
+  from transformers.models.bloom.modeling_flax_bloom import FlaxBloomForCausalLMModule
+  module = FlaxBloomForCausalLMModule(BloomConfig(vocab_size=512, hidden_size=128, n_layer=3,
+                                                  n_head=4, hidden_dropout=0.0,
+                                                  attention_dropout=0.0))
+  model = _causal_lm(module, padded=True)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t))["params"]
+
+  def loss_fn(params, tokens, mask):
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), return_dict=False)[0]
+    return llama.next_token_loss(logits, tokens, mask)
+
+  return dict(model, init=init, loss_fn=loss_fn)
+
+
 def _padding_mask(b, s):
   """Padded batches as a data loader makes them: rows 1 and 3 end with a quarter and a half
   of padding (mask 0)."""
@@ -229,7 +303,9 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mi
           "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True),
           # computing in bfloat16 with float32 parameters, as the library's `dtype` does it
           "gpt2_bf16": functools.partial(_gpt2, dtype=jnp.bfloat16),
-          "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16)}
+          "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
+          "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
+          "bloom": _bloom}
 # Models whose step holds the library's own remat regions: timed against jax.jit.
 CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed"))
 LENGTHS = (64, 256, 512)
