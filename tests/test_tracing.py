@@ -157,6 +157,31 @@ def test_reshape_without_divisible_dim_says_declare_a_multiple():
   assert traced.dims == ("b", "k")
 
 
+def _blocked(x, block=33):
+  """x (b, s, d) through blocks of `block` positions, padded as blocked attention pads
+  (transformers' LongT5): the padded length reshaped into blocks, sliced back to s."""
+  b, s, d = x.shape
+  padded = jnp.pad(x, ((0, 0), (0, -s % block), (0, 0)))
+  n = (s + -s % block) // block
+  blocks = jnp.tanh(padded.reshape(b, n, block, d))
+  return x + blocks.reshape(b, n * block, d)[:, :s]
+
+
+def test_padding_to_a_multiple_says_declare_the_multiple():
+  # Sliced back (the add) and reshaped by -1 (JAX's divisibility check): JAX cannot prove
+  # either for any s; declared a multiple of the block, both trace.
+  by_minus_one = lambda x: jnp.pad(x, ((0, 0), (0, -x.shape[1] % 33))).reshape(x.shape[0], -1, 33)
+  for f, x, spec in ((_blocked, jnp.zeros((2, 40, 8)), "b, s, _"),
+                     (by_minus_one, jnp.zeros((2, 40)), "b, s")):
+    with pytest.raises(symmem.TracingError) as e:
+      symmem.trace(f, x, polymorphic_shapes=spec)
+    assert "constraints=('s == 33*k',)" in str(e.value) and "pad_to_multiple_of=33" in str(e.value)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 66, 8), jnp.float32)
+  traced = symmem.trace(_blocked, x, polymorphic_shapes="b, s, _", constraints=("s == 33*k",))
+  (got,) = jax.jit(lambda a: interpret.run(traced.specialize(b=2, k=2), (a,)))(x)
+  np.testing.assert_array_equal(got, jax.jit(_blocked)(x))
+
+
 def test_python_if_on_a_dim_says_add_a_constraint():
   def f(x):
     if x.shape[0] > 128:

@@ -713,6 +713,14 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             "length is clamped to the array's size, min(N, s), which is not s: if your "
             "lengths never exceed the table, say so with constraints=("
             + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
+  padded = _padded_multiples(msg)
+  if padded:   # before the hints below: this is what the shapes in the message come from
+    dim, n = padded[0]
+    return (f"the step pads {dim} up to a multiple of {n} (mod(- {dim}, {n}) in the shapes, "
+            "as blocked or chunked attention does) and JAX cannot prove what it makes of the "
+            f"padded length (blocks of {n}, or a slice back to {dim}): declare the length a "
+            f"multiple, constraints=('{dim} == {n}*k',), with batches padded to a multiple of "
+            f"{n} (e.g. a tokenizer's pad_to_multiple_of={n})")
   if re.search(r"incompatible shapes|same shape|different leading axis sizes", msg):
     hint = _spec_mismatches(args, specs)
     if hint:
@@ -761,6 +769,13 @@ def _clamped_slices(msg: str) -> list[str]:
   found = re.findall(r"min\((\d+), ([A-Za-z_]\w*)\)|min\(([A-Za-z_]\w*), (\d+)\)", msg)
   bounds = {(a or d, int(n or m)) for n, a, d, m in found}
   return [f"{dim} <= {n}" for dim, n in sorted(bounds)]
+
+
+def _padded_multiples(msg: str) -> list[tuple[str, int]]:
+  """(dim, n) for each length padded up to a multiple of n in an error's shapes: jax
+  writes the padding -s % n as mod(- s, n)."""
+  found = re.findall(r"mod\(- ?([A-Za-z_]\w*), (\d+)\)", msg)
+  return sorted({(dim, int(n)) for dim, n in found if int(n) > 1})
 
 
 def _deciding_constraints(msg: str) -> str:
