@@ -1,4 +1,4 @@
-"""Models nobody here wrote: eleven of transformers' Flax language models (sixteen steps) under symmem.jit.
+"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps) under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
 a small random config, no download) with AdamW and a masked token loss:
@@ -29,6 +29,8 @@ a small random config, no download) with AdamW and a masked token loss:
         tanh-approximated GELU gates
   bloom  FlaxBloomForCausalLMModule: ALiBi biases made from the attention mask
   (each of the last six with padded rows)
+  longt5  FlaxLongT5ForConditionalGenerationModule with transient-global attention: the
+        source padded into blocks of 33, so declared "s == 33*k" (lengths 66, 264, 528)
 
 For each, at three shapes up to the longest: `symmem.jit` without a budget against
 `jax.jit` (they compile alike, so the updated state must be equal), then under budgets
@@ -45,7 +47,7 @@ options (median and fastest of `--passes` interleaved passes): where memory allo
 plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
-                                               gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom]
+                                               gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -111,6 +113,40 @@ def _t5(gradient_checkpointing: bool = False, dropout: float = 0.0):
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s, "t": s // 2},
               shapes=(None, "b, s", "b, s", "b, t", "b, t") + ((None,) if dropout else ()),
               constraints=("s >= 2", "s <= 512", "t >= 2", "t <= 256", "b <= 4"))
+
+
+def _longt5():
+  """LongT5 with transient-global attention: the encoder pads the source to blocks of
+  local_radius + 1 = 33 positions, so the source length is declared a multiple of 33
+  (`tracing`'s advice when it is not), as a tokenizer's pad_to_multiple_of=33 pads it."""
+  from transformers import LongT5Config
+  from transformers.models.longt5 import modeling_flax_longt5
+  modeling_flax_longt5.jnp = _numpy_with_old_clip()
+  cfg = LongT5Config(vocab_size=512, d_model=128, d_kv=32, d_ff=256, num_layers=2,
+                     num_decoder_layers=2, num_heads=4, local_radius=32, global_block_size=16,
+                     encoder_attention_type="transient-global", dropout_rate=0.0,
+                     decoder_start_token_id=0, pad_token_id=0)
+  module = modeling_flax_longt5.FlaxLongT5ForConditionalGenerationModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.ones((1, 8), jnp.int32)
+    return module.init(key, t, t, t, t)["params"]
+
+  def loss_fn(params, src, src_mask, tgt, tgt_mask):
+    decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
+    logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
+                          tgt_mask.astype(jnp.int32), return_dict=False)[0]
+    return t5.seq2seq_loss(logits, tgt, tgt_mask)
+
+  def batch(b, s, rng):
+    t = s // 2
+    return (jnp.asarray(rng.randint(1, 512, (b, s)), jnp.int32), _padding_mask(b, s),
+            jnp.asarray(rng.randint(1, 512, (b, t)), jnp.int32), jnp.ones((b, t), jnp.float32))
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, lengths=(66, 264, 528),
+              dims=lambda b, s: {"b": b, "k": s // 33, "t": s // 2},
+              shapes=(None, "b, s", "b, s", "b, t", "b, t"),
+              constraints=("s == 33*k", "s <= 528", "t >= 2", "t <= 264", "b <= 4"))
 
 
 def _gpt2(dtype=jnp.float32):
@@ -305,7 +341,7 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mi
           "gpt2_bf16": functools.partial(_gpt2, dtype=jnp.bfloat16),
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
-          "bloom": _bloom}
+          "bloom": _bloom, "longt5": _longt5}
 # Models whose step holds the library's own remat regions: timed against jax.jit.
 CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed"))
 LENGTHS = (64, 256, 512)
@@ -323,11 +359,12 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
   state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
   step_fn = llama.adamw_train_step(m["loss_fn"])   # the same AdamW
   rng = np.random.RandomState(0)
-  batches = {s: m["batch"](BATCH, s, rng) for s in LENGTHS}
+  lengths = m.get("lengths", LENGTHS)
+  batches = {s: m["batch"](BATCH, s, rng) for s in lengths}
   ref = jax.jit(step_fn)
-  out = {"model": name, "plain": [], "budgets": []}
+  out = {"model": name, "lengths": lengths, "plain": [], "budgets": []}
   plain = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"])
-  for s in LENGTHS:
+  for s in lengths:
     args = (state, *batches[s])
     t0 = time.perf_counter()
     got = jax.block_until_ready(plain(*args))
@@ -337,8 +374,8 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
     out["plain"].append(row)
     print(f"{name} {row['dims']} without a budget: equal to jax.jit: {row['equal_to_jax_jit']}",
           flush=True)
-  analysis = plain.analyze(state, *batches[LENGTHS[0]])   # the first call's plan
-  longest = m["dims"](BATCH, LENGTHS[-1])
+  analysis = plain.analyze(state, *batches[lengths[0]])   # the first call's plan
+  longest = m["dims"](BATCH, lengths[-1])
   peaks = [analysis.round_peak(k, longest) for k in range(len(analysis.rounds))]
   out["rounds"] = len(peaks) - 1
   out["modeled_mib_at_longest"] = [round(p / MiB, 1) for p in peaks]
@@ -349,7 +386,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
     step = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"],
                       memory_budget=budget, speed_trials=speed_trials)
     rows = []
-    for s in LENGTHS:
+    for s in lengths:
       args = (state, *batches[s])
       try:
         _common.settle(step, args)
