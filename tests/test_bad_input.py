@@ -158,6 +158,15 @@ def test_an_argument_left_static_says_which_spec_to_give(caplog):
   assert g.cache_info()["fallback_calls"] == 1
 
 
+def test_a_parameter_whose_sizes_match_the_dims_by_chance_is_not_named():
+  # The error is the step's own (a length off by one); the (4, 8) weight is not in it.
+  def f(w, x):
+    return jnp.sum(x[:, 1:] * x) + jnp.sum(w)
+  with pytest.raises(symmem.TracingError) as e:
+    symmem.trace(f, jnp.ones((4, 8)), jnp.ones((4, 8)), polymorphic_shapes=(None, "b, s"))
+  assert "incompatible shapes" in str(e.value) and "static spec" not in str(e.value)
+
+
 def test_an_argument_left_static_is_named_where_a_scan_meets_it():
   def accumulate(tokens, weights):   # microbatches: a scan over both arguments
     return lax.scan(lambda c, xw: (c + jnp.sum(xw[0] * xw[1]), None), 0.0, (tokens, weights))[0]

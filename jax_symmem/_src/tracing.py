@@ -722,7 +722,7 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             f"multiple, constraints=('{dim} == {n}*k',), with batches padded to a multiple of "
             f"{n} (e.g. a tokenizer's pad_to_multiple_of={n})")
   if re.search(r"incompatible shapes|same shape|different leading axis sizes", msg):
-    hint = _spec_mismatches(args, specs)
+    hint = _spec_mismatches(args, specs, msg)
     if hint:
       return hint
   if "Cannot divide evenly" in msg:
@@ -794,10 +794,13 @@ def _deciding_constraints(msg: str) -> str:
           f"{as_string(*false)} if it never does")
 
 
-def _spec_mismatches(args, specs) -> str:
+def _spec_mismatches(args, specs, msg: str = "") -> str:
   """Why shapes that must agree may differ at trace time: an argument with a static spec
-  whose every axis has the size of a dim at this call, or dims that are equal here (one dim
-  spelled two ways). '' when neither is seen."""
+  whose every axis has the size of a dim at this call (and one of those sizes in the error
+  `msg`, where a static shape shows as numbers: a parameter whose sizes match the batch's by
+  chance is not named), or dims that are equal here (one dim spelled two ways). '' when
+  neither is seen."""
+  in_msg = {int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w|\.\d)", msg)} if msg else None
   leaves = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
   spec_leaves = jax.tree_util.tree_leaves(specs)
   dims_of_size: dict[int, list[str]] = {}   # size at this call -> the plain dims of that size
@@ -812,7 +815,7 @@ def _spec_mismatches(args, specs) -> str:
     shape = tuple(getattr(x, "shape", ()))
     # Every axis a dim's size (a weight of shape (s, d) is not meant).
     if shape and all(n in dims_of_size for n in shape) and not any(
-        map(jax_dims.is_symbolic, spec.shape)):
+        map(jax_dims.is_symbolic, spec.shape)) and (in_msg is None or in_msg & set(shape)):
       suggested = ", ".join(dims_of_size[n][0] for n in shape)
       hints.append(f"args{jax.tree_util.keystr(path)} has a static spec and shape {shape}, "
                    f"sizes that dims have at this call: if its shape changes with them, give "
