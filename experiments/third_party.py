@@ -259,48 +259,37 @@ def _mistral(dtype=jnp.float32):
   return _causal_lm(FlaxMistralForCausalLMModule(cfg, dtype=dtype), padded=True)
 
 
-def _gpt_neo():
-  from transformers import GPTNeoConfig
-  from transformers.models.gpt_neo.modeling_flax_gpt_neo import FlaxGPTNeoForCausalLMModule
-  cfg = GPTNeoConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128, num_layers=4,
-                     num_heads=4, attention_types=[[["global", "local"], 2]], window_size=64,
-                     embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
-  return _causal_lm(FlaxGPTNeoForCausalLMModule(cfg), padded=True)
+def _hf_causal_lm(model: str, config: str, module: str, **config_kwargs):
+  """transformers' `module` of models/<model>/modeling_flax_<model>.py with a small random
+  `config` (a class of transformers), padded rows."""
+  import importlib
+  import transformers
+  cls = getattr(importlib.import_module(f"transformers.models.{model}.modeling_flax_{model}"),
+                module)
+  return _causal_lm(cls(getattr(transformers, config)(**config_kwargs)), padded=True)
 
 
-def _opt():
-  from transformers import OPTConfig
-  from transformers.models.opt.modeling_flax_opt import FlaxOPTForCausalLMModule
-  cfg = OPTConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128, num_hidden_layers=3,
-                  ffn_dim=256, num_attention_heads=4, word_embed_proj_dim=128, dropout=0.0,
-                  attention_dropout=0.0)
-  return _causal_lm(FlaxOPTForCausalLMModule(cfg), padded=True)
-
-
-def _gptj():
-  from transformers import GPTJConfig
-  from transformers.models.gptj.modeling_flax_gptj import FlaxGPTJForCausalLMModule
-  cfg = GPTJConfig(vocab_size=512, n_positions=512, n_embd=128, n_layer=3, n_head=4, rotary_dim=16,
-                   resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
-  return _causal_lm(FlaxGPTJForCausalLMModule(cfg), padded=True)
-
-
-def _xglm():
-  from transformers import XGLMConfig
-  from transformers.models.xglm.modeling_flax_xglm import FlaxXGLMForCausalLMModule
-  cfg = XGLMConfig(vocab_size=512, max_position_embeddings=512, d_model=128, num_layers=3,
-                   attention_heads=4, ffn_dim=256, dropout=0.0, attention_dropout=0.0,
-                   activation_dropout=0.0)
-  return _causal_lm(FlaxXGLMForCausalLMModule(cfg), padded=True)
-
-
-def _gemma():
-  from transformers import GemmaConfig
-  from transformers.models.gemma.modeling_flax_gemma import FlaxGemmaForCausalLMModule
-  cfg = GemmaConfig(vocab_size=512, max_position_embeddings=512, hidden_size=128,
-                    num_hidden_layers=3, intermediate_size=256, num_attention_heads=4,
-                    num_key_value_heads=2, head_dim=32, hidden_activation="gelu_pytorch_tanh")
-  return _causal_lm(FlaxGemmaForCausalLMModule(cfg), padded=True)
+_SMALL = dict(vocab_size=512, max_position_embeddings=512)
+_gpt_neo = functools.partial(
+    _hf_causal_lm, "gpt_neo", "GPTNeoConfig", "FlaxGPTNeoForCausalLMModule", **_SMALL,
+    hidden_size=128, num_layers=4, num_heads=4, attention_types=[[["global", "local"], 2]],
+    window_size=64, embed_dropout=0.0, attention_dropout=0.0, resid_dropout=0.0)
+_opt = functools.partial(
+    _hf_causal_lm, "opt", "OPTConfig", "FlaxOPTForCausalLMModule", **_SMALL, hidden_size=128,
+    num_hidden_layers=3, ffn_dim=256, num_attention_heads=4, word_embed_proj_dim=128,
+    dropout=0.0, attention_dropout=0.0)
+_gptj = functools.partial(
+    _hf_causal_lm, "gptj", "GPTJConfig", "FlaxGPTJForCausalLMModule", vocab_size=512,
+    n_positions=512, n_embd=128, n_layer=3, n_head=4, rotary_dim=16, resid_pdrop=0.0,
+    embd_pdrop=0.0, attn_pdrop=0.0)
+_xglm = functools.partial(
+    _hf_causal_lm, "xglm", "XGLMConfig", "FlaxXGLMForCausalLMModule", **_SMALL, d_model=128,
+    num_layers=3, attention_heads=4, ffn_dim=256, dropout=0.0, attention_dropout=0.0,
+    activation_dropout=0.0)
+_gemma = functools.partial(
+    _hf_causal_lm, "gemma", "GemmaConfig", "FlaxGemmaForCausalLMModule", **_SMALL,
+    hidden_size=128, num_hidden_layers=3, intermediate_size=256, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=32, hidden_activation="gelu_pytorch_tanh")
 
 
 def _bloom():
