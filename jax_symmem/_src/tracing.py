@@ -713,7 +713,9 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             "length is clamped to the array's size, min(N, s), which is not s: if your "
             "lengths never exceed the table, say so with constraints=("
             + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
-  padded = _padded_multiples(msg)
+  shapes_differ = re.search(r"incompatible shapes|same shape|different leading axis sizes|"
+                            r"Cannot divide evenly", msg)
+  padded = _padded_multiples(msg) if shapes_differ else []
   if padded:   # before the hints below: this is what the shapes in the message come from
     dim, n = padded[0]
     return (f"the step pads {dim} up to a multiple of {n} (mod(- {dim}, {n}) in the shapes, "
