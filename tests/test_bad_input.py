@@ -243,6 +243,13 @@ def test_unsupported_jit_options_fall_back(caplog):
   assert g.cache_info()["fallback_calls"] == 2
 
 
+def test_jit_without_polymorphic_shapes_says_what_to_give():
+  # jax.jit(f) has no such argument: a user swapping in symmem.jit learns what it means.
+  for call in (lambda: symmem.jit(lambda x: x), lambda: symmem.jit()):
+    with pytest.raises(TypeError, match=r"needs polymorphic_shapes.*'b, s'.*constraints"):
+      call()
+
+
 def test_a_misspelt_jit_option_is_a_type_error_at_once():
   # As jax.jit raises at decoration, not at a first call that falls back first.
   with pytest.raises(TypeError, match=r"donate_argnum\b.*jax.jit's options are"):

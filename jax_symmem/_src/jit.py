@@ -623,9 +623,12 @@ class SymmemFunction:
     return entry.fallback(*args, **kwargs)
 
 
-def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memory_budget=None,
-        impose_schedule: bool = False, plan_cache_dir=None, speed_trials: bool = False,
-        **jax_jit_kwargs):
+_NO_SHAPES = object()   # `polymorphic_shapes` not given: jax.jit's signature has no such argument
+
+
+def jit(fun: Callable | None = None, *, polymorphic_shapes=_NO_SHAPES, constraints=(),
+        memory_budget=None, impose_schedule: bool = False, plan_cache_dir=None,
+        speed_trials: bool = False, **jax_jit_kwargs):
   """Like `jax.jit`, for steps whose shapes change: one symbolic plan, a decision per shape.
 
   Args:
@@ -661,6 +664,12 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(), memo
       set the same flag, the round's value holds: they keep XLA's memory figure
       honest). device and backend fall back to jax.jit; another name is a TypeError.
   """
+  if polymorphic_shapes is _NO_SHAPES:
+    raise TypeError(
+        "symmem.jit needs polymorphic_shapes: for each positional argument, which of its axes "
+        "change between calls, e.g. polymorphic_shapes=(None, 'b, s', 'b, s') for a step "
+        "(state, tokens, mask) whose batch and length vary (None: every shape fixed, '_' one "
+        "fixed axis); then constraints such as ('s <= 4096', 'b <= 64')")
   if fun is None:
     _check_jit_options(jax_jit_kwargs)   # as jax.jit: a misspelt option fails at once
     return functools.partial(jit, polymorphic_shapes=polymorphic_shapes, constraints=constraints,
