@@ -245,7 +245,8 @@ def test_unsupported_jit_options_fall_back(caplog):
 
 def test_jit_without_polymorphic_shapes_says_what_to_give():
   # jax.jit(f) has no such argument: a user swapping in symmem.jit learns what it means.
-  for call in (lambda: symmem.jit(lambda x: x), lambda: symmem.jit()):
+  for call in (lambda: symmem.jit(lambda x: x), lambda: symmem.jit(),
+               lambda: symmem.nnx_jit(lambda m, x: x)):
     with pytest.raises(TypeError, match=r"needs polymorphic_shapes.*'b, s'.*constraints"):
       call()
 

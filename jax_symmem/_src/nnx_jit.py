@@ -92,8 +92,8 @@ class NnxFunction:
     return None if self.jitted is None else self.jitted.last_call
 
 
-def nnx_jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(),
-            memory_budget=None, **jit_kwargs):
+def nnx_jit(fun: Callable | None = None, *, polymorphic_shapes=jit_lib._NO_SHAPES,
+            constraints=(), memory_budget=None, **jit_kwargs):
   """`symmem.jit` for Flax NNX steps that update modules and optimizers in place, as
   `nnx.jit` does: `step = symmem.nnx_jit(train_step, polymorphic_shapes=(None, None,
   "b, s", "b, s"))`, then `loss = step(model, optimizer, tokens, mask)`.
@@ -105,6 +105,12 @@ def nnx_jit(fun: Callable | None = None, *, polymorphic_shapes, constraints=(),
   `speed_trials`) are as in `symmem.jit`; `last_call`, `cache_info()` and `jitted` (the
   `SymmemFunction` of the latest call) report on it.
   """
+  if polymorphic_shapes is jit_lib._NO_SHAPES:
+    raise TypeError(
+        "symmem.nnx_jit needs polymorphic_shapes: for each positional argument, which of its "
+        "axes change between calls, None for NNX objects, e.g. polymorphic_shapes=(None, "
+        "None, 'b, s', 'b, s') for a step (model, optimizer, tokens, mask) whose batch and "
+        "length vary; then constraints such as ('s <= 4096', 'b <= 64')")
   if fun is None:
     return functools.partial(nnx_jit, polymorphic_shapes=polymorphic_shapes,
                              constraints=constraints, memory_budget=memory_budget, **jit_kwargs)
