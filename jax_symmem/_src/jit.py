@@ -623,7 +623,15 @@ class SymmemFunction:
     return entry.fallback(*args, **kwargs)
 
 
-_NO_SHAPES = object()   # `polymorphic_shapes` not given: jax.jit's signature has no such argument
+class _Required:
+  """A keyword without a default that says what it is for when missing (jax.jit's
+  signature has no `polymorphic_shapes`, so code written for it omits it)."""
+
+  def __repr__(self) -> str:
+    return "<required>"
+
+
+_NO_SHAPES = _Required()
 
 
 def jit(fun: Callable | None = None, *, polymorphic_shapes=_NO_SHAPES, constraints=(),
