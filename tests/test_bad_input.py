@@ -13,6 +13,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import variants
 
 
 def _fallback_warnings(caplog):
@@ -262,7 +263,7 @@ def test_a_misspelt_jit_option_is_a_type_error_at_once():
 # -- budgets -------------------------------------------------------------------------
 
 
-def test_budget_below_the_minimum():
+def test_budget_below_the_minimum(caplog):
   def loss(x, w):
     return jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w.T) ** 2)
   args = lambda b: (jnp.ones((b, 256)), jnp.ones((256, 256)) / 256)
@@ -277,9 +278,16 @@ def test_budget_below_the_minimum():
   with pytest.raises(symmem.BudgetError,
                      match=rf"smallest achievable peak at {{'b': 512}}: {lowest / 2**20:.1f} MiB"):
     probe.choose_round(dims, lowest // 2)
-  with pytest.raises(symmem.BudgetError, match=r"at \{'b': 512\}: XLA's memory_analysis\(\) reports"):
+  refused = r"at \{'b': 512\}: XLA's memory_analysis\(\) reports"
+  with caplog.at_level(py_logging.WARNING, logger="absl"), pytest.raises(symmem.BudgetError,
+                                                                         match=refused):
     step(*args(512))
   assert step.cache_info()["budget_errors"] == 1
+  # A search past a few compiles says so once, before the compiles that follow.
+  (long_search,) = [r.getMessage() for r in caplog.records
+                    if "rounds compiled and none" in r.getMessage()]
+  assert f"{variants.LONG_SEARCH} rounds compiled" in long_search
+  assert step.cache_info()["compiles"] > variants.LONG_SEARCH
 
 
 def test_fractional_budget_without_a_device_limit():

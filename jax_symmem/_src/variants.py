@@ -469,6 +469,22 @@ def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolic
   return Variant(dict(dims), 0, exe, size, False, dict(options), xnnpack_fusions=True)
 
 
+# After this many compiles at one shape, none within the budget, the search says so once:
+# each further round is a compile (minutes on a large step), and absl shows no INFO lines
+# by default (a Gemma step under a tight budget compiled 9 rounds, experiments/RESULTS.md).
+LONG_SEARCH = 3
+
+
+def _warn_long_search(analysis, dims, compiled: Sequence[Variant], policy: CompilePolicy):
+  figures = ", ".join(f"round {v.round} {v.xla_bytes / 2**20:.1f}" for v in compiled)
+  logging.warning(
+      "jax_symmem: %s at %s: %d rounds compiled and none within the budget by XLA's "
+      "memory_analysis() (%s MiB; %.1f MiB available): the other rounds that may fit are "
+      "compiled too, one compile each, before a BudgetError",
+      analysis.traced.fun_name, dict(dims), len(compiled), figures,
+      (policy.budget - policy.reserved) / 2**20)
+
+
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float],
@@ -493,6 +509,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   compiled: list[Variant] = []
 
   def xla_bytes(k: int) -> int:
+    if len(compiled) == LONG_SEARCH and not any(policy.fits(v.xla_bytes) for v in compiled):
+      _warn_long_search(analysis, dims, compiled, policy)
     compiled.append(compile_round(analysis, dims, k, policy, lower, calibration, calibrated_at))
     return compiled[-1].xla_bytes
 
