@@ -713,9 +713,9 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             "length is clamped to the array's size, min(N, s), which is not s: if your "
             "lengths never exceed the table, say so with constraints=("
             + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
-  shapes_differ = re.search(r"incompatible shapes|same shape|different leading axis sizes|"
-                            r"Cannot divide evenly", msg)
-  padded = _padded_multiples(msg) if shapes_differ else []
+  mismatch = re.search(r"incompatible shapes|same shape|different leading axis sizes", msg)
+  indivisible = "Cannot divide evenly" in msg
+  padded = _padded_multiples(msg) if mismatch or indivisible else []
   if padded:   # before the hints below: this is what the shapes in the message come from
     dim, n = padded[0]
     return (f"the step pads {dim} up to a multiple of {n} (mod(- {dim}, {n}) in the shapes, "
@@ -723,11 +723,11 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             f"padded length (blocks of {n}, or a slice back to {dim}): declare the length a "
             f"multiple, constraints=('{dim} == {n}*k',), with batches padded to a multiple of "
             f"{n} (e.g. a tokenizer's pad_to_multiple_of={n})")
-  if re.search(r"incompatible shapes|same shape|different leading axis sizes", msg):
+  if mismatch:
     hint = _spec_mismatches(args, specs, msg)
     if hint:
       return hint
-  if "Cannot divide evenly" in msg:
+  if indivisible:
     return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
             "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
             "constraint, and write the reshape with the symbolic dims")
