@@ -70,6 +70,19 @@ def _text(cell) -> str:
   return "".join(parts)
 
 
+def _checked_code_cells(nb: nbformat.NotebookNode) -> list:
+  """The code cells of the executed `nb`, each checked to have run, none with an error."""
+  code_cells = [c for c in nb.cells if c.cell_type == "code"]
+  assert all(c.execution_count for c in code_cells), "a code cell did not run"
+  errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
+  assert not errors, errors
+  return code_cells
+
+
+def _images(code_cells) -> list:
+  return [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
+
+
 @pytest.mark.slow   # a Jupyter kernel in a subprocess; the library calls it makes are tested fast
 def test_notebook_runs_headless():
   nb = nbformat.read(NOTEBOOK, as_version=4)
@@ -78,10 +91,7 @@ def test_notebook_runs_headless():
   execute(nb)
   elapsed = time.perf_counter() - start
 
-  code_cells = [c for c in nb.cells if c.cell_type == "code"]
-  assert all(c.execution_count for c in code_cells), "a code cell did not run"
-  errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
-  assert not errors, errors
+  code_cells = _checked_code_cells(nb)
   executable, prefix = _text(code_cells[-1]).split()
   assert (executable, prefix) == (sys.executable, sys.prefix), "kernel ran another Python"
 
@@ -92,8 +102,7 @@ def test_notebook_runs_headless():
   assert "rematerialization plan for train_step" in text           # the plan
   assert "guard 'modeled peak of round 0" in text                  # ... with its guards
   assert "compare(scores, hidden): DEPENDS" in text and "for s in [" in text
-  images = [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
-  assert len(images) == 2, "expected the memory plot and the breakpoint plot"
+  assert len(_images(code_cells)) == 2, "expected the memory plot and the breakpoint plot"
   assert elapsed < 120, f"notebook took {elapsed:.0f} s"
 
 
@@ -102,10 +111,7 @@ def test_structured_models_notebook_runs_headless():
   nb = nbformat.read(STRUCTURED, as_version=4)
   execute(nb)
 
-  code_cells = [c for c in nb.cells if c.cell_type == "code"]
-  assert all(c.execution_count for c in code_cells), "a code cell did not run"
-  errors = [o for c in code_cells for o in c.outputs if o.output_type == "error"]
-  assert not errors, errors
+  code_cells = _checked_code_cells(nb)
   text = "".join(_text(c) for c in code_cells)
   # 1. The scan pair's stacked residuals are in the plan, ranked by an exact DEPENDS.
   assert "evict scan residual" in text and "regenerated in the backward scan" in text
@@ -125,8 +131,7 @@ def test_structured_models_notebook_runs_headless():
     assert float(loss) == pytest.approx(float(want_loss), abs=2e-6)
     assert float(diff) <= 1e-3   # AdamW's learning rate: see the notebook
   assert "'fallback_calls': 0" in text
-  images = [o for c in code_cells for o in c.outputs if "image/png" in o.get("data", {})]
-  assert len(images) == 2, "expected the rounds plot and the (s, t) maps"
+  assert len(_images(code_cells)) == 2, "expected the rounds plot and the (s, t) maps"
 
 
 def main(argv):
