@@ -553,3 +553,63 @@ def test_a_scanned_dropout_step_replays_its_draws_in_the_backward_body_and_match
     chex.assert_trees_all_close(_run_round(analysis, k, dims, (state, tokens, mask, key)), ref,
                                 rtol=1e-5, atol=1e-6)
   assert analysis.round_peak(last, dims) < analysis.round_peak(0, dims)
+
+
+def _masked_attention_loss(heads: int, checkpointed: bool = False):
+  """Scanned attention layers masked as Haiku's and Flax's attention mask them,
+  `jnp.where(mask, scores, -1e30)` with a (b, 1, s, s) mask made outside the loop: JAX
+  hoists the loop-invariant residuals (the mask broadcast to (b, h, s, s), the fill, the
+  zeros of its transpose) out of the scan pair, as constants both scans read."""
+  def loss(ws, x, pad):
+    b, s, d = x.shape
+    causal = jnp.tril(jnp.ones((s, s), bool))[None, None]
+    mask = causal & (pad[:, None, None, :] > 0)
+    def layer(h, w):
+      wq, wo = w
+      q = (h @ wq).reshape(b, s, heads, d // heads)
+      scores = jnp.einsum("bqhd,bkhd->bhqk", q, q)
+      probs = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+      return h + jnp.einsum("bhqk,bkhd->bqhd", probs, q).reshape(b, s, d) @ wo, None
+    h, _ = jax.lax.scan(jax.checkpoint(layer) if checkpointed else layer, x, ws)
+    return jnp.mean(h ** 2 * pad[..., None])
+  return jax.value_and_grad(loss)
+
+
+def _masked_args(b, s, d=16, n_layers=3, seed=0):
+  rng = np.random.RandomState(seed)
+  ws = (jnp.asarray(rng.randn(n_layers, d, d).astype(np.float32) / 4),
+        jnp.asarray(rng.randn(n_layers, d, d).astype(np.float32) / 4))
+  pad = (np.arange(s)[None] < np.maximum(1, s - 3 * np.arange(b))[:, None]).astype(np.float32)
+  return ws, jnp.asarray(rng.randn(b, s, d).astype(np.float32)), jnp.asarray(pad)
+
+
+def test_rewritten_scans_compute_hoisted_loop_constants_in_their_bodies():
+  specs = (None, "b, s, _", "b, s")
+  plain = symmem.analyze(_masked_attention_loss(4), *_masked_args(2, 8),
+                         polymorphic_shapes=specs, constraints=("s <= 64", "b <= 4"))
+  dims = {"b": 4, "s": 64}
+  env = plain.graph.constraints.complete(dims)
+  attention_sized = 4 * 4 * 64 * 64   # b*h*s^2 elements
+
+  def hoisted(k):
+    """Top-level values of b*h*s^2 elements that a scan of round k reads."""
+    program = plain.rounds[k].program
+    values = plain.rounds[k].graph.values
+    big = {v for v in program.avals if v not in program.inputs and v in values
+           and np.prod([d.evaluate(env) for d in values[v].dims]) >= attention_sized}
+    return {x for n in program.nodes if n.name == "scan" for x in n.operands if x in big}
+
+  # The premise: JAX hoists them (if this fails, JAX changed how it differentiates scans).
+  assert hoisted(0)
+  last = len(plain.rounds) - 1
+  assert _loop_evictions(plain) and not hoisted(last)
+  # So the last round reaches jax.checkpoint on the layer, which computes them in its body.
+  ckpt = symmem.analyze(_masked_attention_loss(4, checkpointed=True), *_masked_args(2, 8),
+                        polymorphic_shapes=specs, constraints=("s <= 64", "b <= 4"))
+  assert plain.round_peak(last, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
+  # Every round computes what jax.jit does (values and gradients).
+  for b, s in ((4, 64), (3, 17)):
+    args = _masked_args(b, s, seed=b)
+    ref = jax.jit(_masked_attention_loss(4))(*args)
+    for k in range(len(plain.rounds)):
+      _assert_close_per_leaf(_run_round(plain, k, {"b": b, "s": s}, args), ref)

@@ -612,6 +612,91 @@ def _split(seq, *sizes):
 REWRITTEN_UNROLL = 1
 
 
+# Ops a rewritten scan may recompute in its body in place of a loop constant: cheap,
+# exact (data movement, comparisons, selects, integer-exact arithmetic...), and fused by
+# XLA into their readers, so the constant is never stored (`_sink`).
+SINKABLE = xla_buffers.FUSIBLE - xla_buffers.EXPENSIVE
+_SINK_MAX_NODES = 32
+
+
+def _smaller(small, big) -> bool:
+  """Whether shape `small` is `big` with some of its dims (not all 1s) left out: a leaf
+  a constant expands (a padding mask (b, s) of an attention mask (b, h, s, s))."""
+  rest = [d for d in big if not (isinstance(d, int) and d == 1)]
+  for d in small:
+    if isinstance(d, int) and d == 1:
+      continue
+    if d not in rest:
+      return False
+    rest.remove(d)
+  return bool(rest)
+
+
+def _sink(program: Program, consts: Sequence) -> tuple[list, Callable[[Sequence], list]]:
+  """(operands, expand) for a rewritten scan's loop constants `consts`.
+
+  Differentiating a scan, JAX hoists the residuals that do not change from one iteration
+  to the next out of the loop (`jnp.where(mask, scores, -1e30)` in an attention layer: the
+  mask broadcast to (b, h, s, s), the fill value, and the zeros its transpose adds), and
+  the forward and backward scans read them as constants: b*h*s^2 buffers held from before
+  the forward scan to the end of the backward one, where per-layer checkpointing
+  (`jax.checkpoint` on the body) computes them in the body. A constant made by at most
+  `_SINK_MAX_NODES` `SINKABLE` ops from values of fewer dims (or literals) is computed
+  in the rewritten body instead, from those: `operands` are what the scan reads in place
+  of `consts`, and `expand(values of operands)` (called in the body) returns the
+  constants."""
+  producer = {o: n for n in program.nodes for o in n.outputs}
+  avals = program.avals
+  plans = []   # per constant: None (read as is) or (nodes in dependency order, leaves)
+  for x in consts:
+    plan = None
+    if not isinstance(x, Const) and getattr(producer.get(x), "name", None) in SINKABLE:
+      nodes, leaves, seen = [], [], set()
+      def visit(v):
+        n = producer.get(v)
+        if n is None or n.name not in SINKABLE or n.effects or n.subprograms:
+          leaves.append(v)
+          return
+        if n.index in seen or len(seen) > _SINK_MAX_NODES:   # (too many: not sunk)
+          return
+        seen.add(n.index)
+        for y in n.inputs:
+          if not isinstance(y, Const):
+            visit(y)
+        nodes.append(n)
+      visit(x)
+      shape = avals[x].shape
+      if len(seen) <= _SINK_MAX_NODES and all(_smaller(avals[v].shape, shape)
+                                                for v in leaves):
+        plan = (tuple(nodes), tuple(dict.fromkeys(leaves)))
+    plans.append(plan)
+  operands, slot, where = [], {}, []   # slot: leaf -> operand index; where: a constant's
+  for x, plan in zip(consts, plans):    # operand index where it is read as is
+    where.append(None if plan else len(operands))
+    if plan is None:
+      operands.append(x)
+    for y in plan[1] if plan else ():
+      if y not in slot:
+        slot[y] = len(operands)
+        operands.append(y)
+
+  def expand(values: Sequence) -> list:
+    out = []
+    for x, plan, k in zip(consts, plans, where):
+      if plan is None:
+        out.append(values[k])
+        continue
+      local = {y: values[m] for y, m in slot.items()}
+      for n in plan[0]:
+        local.update(zip(n.outputs, tracing.bind(
+            n.primitive, [y.value if isinstance(y, Const) else local[y] for y in n.inputs],
+            n.params)))
+      out.append(local[x])
+    return out
+
+  return operands, expand
+
+
 def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
             ) -> tuple[Program, LoopState]:
   """`program` with the pair's forward and backward scans rebuilt from the traced pair so
@@ -637,10 +722,17 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   f_xs_used = sorted(k for k in needed if k >= f_nc + f_ncarry)
   kept_outputs = [j for j in range(len(f.outputs)) if j not in evicted]
 
+  f_operands = list(state.forward_operands)
+  b_inputs = list(state.backward_operands)
+  # Loop constants both scans compute in their bodies instead (`_sink`).
+  f_sunk, f_expand = _sink(program, f_operands[:f_nc])
+  b_sunk, b_expand = _sink(program, b_inputs[:b_nc] + [f_operands[k] for k in f_consts_used])
+
   # -- forward: the traced body, minus the evicted outputs, plus the new stacked carries.
   def forward_fn(*ops):
-    consts, init, xs = _split(ops, f_nc, f_ncarry)
+    sunk, init, xs = _split(ops, len(f_sunk), f_ncarry)
     def body(carry, x):
+      consts = f_expand(sunk)
       outs = tracing.eval_jaxpr(f_jaxpr.jaxpr, f_jaxpr.consts, [*consts, *carry, *x],
                                 wanted=kept_outputs)
       return outs[:f_ncarry], outs[f_ncarry:] + [carry[c] for c in new_carries]
@@ -648,15 +740,14 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
                          unroll=REWRITTEN_UNROLL)
     return [*carry, *ys]
 
-  f_operands = list(state.forward_operands)
-  b_inputs = list(state.backward_operands)
-  new_f, sub = tracing.node_from_function(forward_fn, [_aval(program, x) for x in f_operands],
+  new_operands = f_sunk + f_operands[f_nc:]
+  new_f, sub = tracing.node_from_function(forward_fn, [_aval(program, x) for x in new_operands],
                                           next_id)
   next_id = sub.max_id() + 1
   new_ids = list(range(next_id, next_id + len(new_carries)))
   next_id += len(new_carries)
   f_outputs = [f.outputs[j] for j in kept_outputs] + new_ids
-  new_f, forwarded = _rebind(new_f, sub, f_operands, f_outputs, f.index)
+  new_f, forwarded = _rebind(new_f, sub, new_operands, f_outputs, f.index)
   avals = dict(program.avals)
   for v, o in zip(f_outputs, sub.outputs):
     if not isinstance(o, Const):
@@ -670,13 +761,13 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   evicted_positions = {k: j for j, ks in state.links.items() if j in evicted for k in ks}
   b_xs_kept = [k for k in range(b_nc + b_ncarry, len(b.inputs)) if k not in evicted_positions]
   carry_order = sorted(carries)
-  b_operands = (b_inputs[:b_nc] + [f_operands[k] for k in f_consts_used]
-                + b_inputs[b_nc:b_nc + b_ncarry] + [b_inputs[k] for k in b_xs_kept]
+  b_operands = ([_renamed(x, forwarded) for x in b_sunk] + b_inputs[b_nc:b_nc + b_ncarry] + [b_inputs[k] for k in b_xs_kept]
                 + [f_operands[k] for k in f_xs_used] + [carry_stack[c] for c in carry_order])
 
   def backward_fn(*ops):
-    b_consts, f_consts, init, xs = _split(ops, b_nc, len(f_consts_used), b_ncarry)
+    sunk, init, xs = _split(ops, len(b_sunk), b_ncarry)
     def body(carry, x):
+      b_consts, f_consts = _split(b_expand(sunk), b_nc)
       kept, f_xs, f_carry = _split(x, len(b_xs_kept), len(f_xs_used))
       f_args = [None] * len(f_jaxpr.jaxpr.invars)
       for k, a in zip(f_consts_used, f_consts):
