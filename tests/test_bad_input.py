@@ -312,6 +312,10 @@ def test_budget_as_a_size_string():
   for wrong in (0, -1, 1.5, "0MiB"):   # refused where given, not at the first call
     with pytest.raises(ValueError, match="must be positive|must be in \\(0, 1\\]"):
       symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=wrong)
+  # Bytes computed as a float (a peak times 1.25) are not taken as a fraction, nor guessed.
+  with pytest.raises(ValueError, match=r"got 2000000000.0 \(bytes as a float\? pass "
+                                       r"int\(2000000000.0\)\)"):
+    symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=2e9)
   assert symmem.jit(lambda x: x, polymorphic_shapes=("b",), memory_budget=np.int64(2**20))(
       x[0]).shape == (8,)
 

@@ -37,8 +37,12 @@ def parse(memory_budget):
       raise ValueError(f"memory_budget must be positive, got {memory_budget}")
     return int(memory_budget)
   if not 0 < memory_budget <= 1:
-    raise ValueError(f"a fractional memory_budget must be in (0, 1], got {memory_budget}; "
-                     f"give {FORMS}")
+    # A float above 1 is most likely bytes computed with float arithmetic (2e9, a peak
+    # times 1.25): say how to pass it rather than guess that it is one.
+    hint = (f" (bytes as a float? pass int({memory_budget!r}))"
+            if memory_budget > 1 and memory_budget == int(memory_budget) else "")
+    raise ValueError(f"a fractional memory_budget must be in (0, 1], got {memory_budget}"
+                     f"{hint}; give {FORMS}")
   return float(memory_budget)
 
 
