@@ -1,7 +1,9 @@
-"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps) under symmem.jit.
+"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps) and a
+Haiku decoder (three steps) under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
-a small random config, no download) with AdamW and a masked token loss:
+a small random config, no download), or a Haiku module written as Haiku's examples write one,
+with AdamW and a masked token loss:
 
   t5    FlaxT5ForConditionalGenerationModule: relative position buckets, cross-attention,
         source "b, s" and target "b, t" (t = s / 2)
@@ -31,6 +33,10 @@ a small random config, no download) with AdamW and a masked token loss:
   (each of the last six with padded rows)
   longt5  FlaxLongT5ForConditionalGenerationModule with transient-global attention: the
         source padded into blocks of 33, so declared "s == 33*k" (lengths 66, 264, 528)
+  haiku  a Haiku decoder (dm-haiku): `hk.MultiHeadAttention` with a causal and padding
+        mask, 4 pre-norm layers in a Python loop, padded rows
+  haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
+        weights), and with each under `hk.remat` (timed as the checkpointed models are)
 
 For each, at three shapes up to the longest: `symmem.jit` without a budget against
 `jax.jit` (they compile alike, so the updated state must be equal), then under budgets
@@ -47,7 +53,8 @@ options (median and fastest of `--passes` interleaved passes): where memory allo
 plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
-                                               gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5]
+                                               gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
+                                               haiku,haiku_stack,haiku_stack_remat]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -312,6 +319,52 @@ def _bloom():
   return dict(model, init=init, loss_fn=loss_fn)
 
 
+def _haiku(layer_stack: bool = False, remat: bool = False):
+  """A Haiku decoder written as Haiku's transformer example writes one: pre-norm blocks of
+  `hk.MultiHeadAttention` and a GELU MLP, a causal mask combined with the padding mask,
+  learned positions; its 4 layers in a Python loop or in `hk.layer_stack` (a scan over
+  stacked weights), each under `hk.remat` where `remat`. Padded rows."""
+  import haiku as hk
+  vocab, width, heads, layers = 512, 128, 4, 4
+
+  class Block(hk.Module):
+    def __call__(self, x, mask):
+      y = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(x)
+      y = hk.MultiHeadAttention(num_heads=heads, key_size=width // heads, model_size=width,
+                                w_init=hk.initializers.VarianceScaling(2 / layers))(y, y, y, mask)
+      x = x + y
+      y = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(x)
+      y = hk.Linear(width)(jax.nn.gelu(hk.Linear(4 * width)(y)))
+      return x + y
+
+  def forward(tokens, pad):
+    s = tokens.shape[1]
+    positions = hk.get_parameter("positions", [512, width], init=hk.initializers.TruncatedNormal())
+    x = hk.Embed(vocab, width)(tokens) + positions[:s]
+    mask = jnp.tril(jnp.ones((1, 1, s, s), bool)) & (pad[:, None, None, :] > 0)
+    layer = lambda x: Block()(x, mask)
+    layer = hk.remat(layer) if remat else layer
+    if layer_stack:
+      x = hk.layer_stack(layers)(layer)(x)
+    else:
+      for _ in range(layers):
+        x = layer(x)
+    x = hk.LayerNorm(axis=-1, create_scale=True, create_offset=True)(x)
+    return hk.Linear(vocab)(x)
+
+  net = hk.without_apply_rng(hk.transform(forward))
+
+  def loss_fn(params, tokens, mask):
+    return llama.next_token_loss(net.apply(params, tokens, mask), tokens, mask)
+
+  def batch(b, s, rng):
+    return jnp.asarray(rng.randint(0, vocab, (b, s)), jnp.int32), _padding_mask(b, s)
+
+  return dict(init=lambda key: net.init(key, jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4))),
+              loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
+              shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
+
+
 def _padding_mask(b, s):
   """Padded batches as a data loader makes them: rows 1 and 3 end with a quarter and a half
   of padding (mask 0)."""
@@ -330,9 +383,11 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mi
           "gpt2_bf16": functools.partial(_gpt2, dtype=jnp.bfloat16),
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
-          "bloom": _bloom, "longt5": _longt5}
+          "bloom": _bloom, "longt5": _longt5, "haiku": _haiku,
+          "haiku_stack": functools.partial(_haiku, layer_stack=True),
+          "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True)}
 # Models whose step holds the library's own remat regions: timed against jax.jit.
-CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed"))
+CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed", "haiku_stack_remat"))
 LENGTHS = (64, 256, 512)
 BATCH = 4
 
