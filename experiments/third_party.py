@@ -1,5 +1,5 @@
-"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps) and a
-Haiku decoder (three steps) under symmem.jit.
+"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps), a
+Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
 a small random config, no download), or a Haiku module written as Haiku's examples write one,
@@ -37,6 +37,8 @@ with AdamW and a masked token loss:
         mask, 4 pre-norm layers in a Python loop, padded rows
   haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
         weights), and with each under `hk.remat` (timed as the checkpointed models are)
+  keras_llama  keras-hub's LlamaBackbone on Keras' JAX backend, trained through
+        `stateless_call` (`pip install keras-hub` first; not run by default)
 
 For each, at three shapes up to the longest: `symmem.jit` without a budget against
 `jax.jit` (they compile alike, so the updated state must be equal), then under budgets
@@ -54,7 +56,7 @@ plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
-                                               haiku,haiku_stack,haiku_stack_remat]
+                                               haiku,haiku_stack,haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -365,6 +367,37 @@ def _haiku(layer_stack: bool = False, remat: bool = False):
               shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
 
 
+def _keras_llama():
+  """keras-hub's `LlamaBackbone` (Keras 3 on its JAX backend; `pip install keras-hub`, not in
+  the experiments extra: it brings TensorFlow) with a Dense head, trained as Keras' guide to
+  custom JAX training loops does it, through `stateless_call`. Padded rows."""
+  import os
+  os.environ.setdefault("KERAS_BACKEND", "jax")
+  import keras
+  import keras_hub
+  if keras.backend.backend() != "jax":
+    raise RuntimeError(f"Keras runs on {keras.backend.backend()!r}: set KERAS_BACKEND=jax")
+  backbone = keras_hub.models.LlamaBackbone(
+      vocabulary_size=512, num_layers=3, num_query_heads=4, num_key_value_heads=2,
+      hidden_dim=128, intermediate_dim=256)
+  inputs = {"token_ids": keras.Input((None,), dtype="int32"),
+            "padding_mask": keras.Input((None,), dtype="int32")}
+  model = keras.Model(inputs, keras.layers.Dense(512)(backbone(inputs)))
+  fixed = [v.value for v in model.non_trainable_variables]
+
+  def loss_fn(params, tokens, mask):
+    logits, _ = model.stateless_call(params, fixed, {"token_ids": tokens,
+                                                     "padding_mask": mask.astype(jnp.int32)})
+    return llama.next_token_loss(logits, tokens, mask)
+
+  def batch(b, s, rng):
+    return jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), _padding_mask(b, s)
+
+  return dict(init=lambda key: [v.value for v in model.trainable_variables], loss_fn=loss_fn,
+              batch=batch, dims=lambda b, s: {"b": b, "s": s}, shapes=(None, "b, s", "b, s"),
+              constraints=("s >= 2", "s <= 512", "b <= 4"))
+
+
 def _padding_mask(b, s):
   """Padded batches as a data loader makes them: rows 1 and 3 end with a quarter and a half
   of padding (mask 0)."""
@@ -385,7 +418,8 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mi
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
           "bloom": _bloom, "longt5": _longt5, "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
-          "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True)}
+          "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
+          "keras_llama": _keras_llama}
 # Models whose step holds the library's own remat regions: timed against jax.jit.
 CHECKPOINTED = frozenset(("t5_checkpointed", "bert_checkpointed", "haiku_stack_remat"))
 LENGTHS = (64, 256, 512)
@@ -494,7 +528,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", default=",".join(MODELS))
+  parser.add_argument("--models", default=",".join(m for m in MODELS if m != "keras_llama"))
   parser.add_argument("--fractions", default="0.1,0.3,0.6",
                       help="budgets: this far from the last round's modeled peak to round 0's")
   parser.add_argument("--passes", type=int, default=5,
