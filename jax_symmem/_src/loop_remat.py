@@ -761,8 +761,9 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   evicted_positions = {k: j for j, ks in state.links.items() if j in evicted for k in ks}
   b_xs_kept = [k for k in range(b_nc + b_ncarry, len(b.inputs)) if k not in evicted_positions]
   carry_order = sorted(carries)
-  b_operands = ([_renamed(x, forwarded) for x in b_sunk] + b_inputs[b_nc:b_nc + b_ncarry] + [b_inputs[k] for k in b_xs_kept]
-                + [f_operands[k] for k in f_xs_used] + [carry_stack[c] for c in carry_order])
+  b_operands = ([_renamed(x, forwarded) for x in b_sunk] + b_inputs[b_nc:b_nc + b_ncarry]
+                + [b_inputs[k] for k in b_xs_kept] + [f_operands[k] for k in f_xs_used]
+                + [carry_stack[c] for c in carry_order])
 
   def backward_fn(*ops):
     sunk, init, xs = _split(ops, len(b_sunk), b_ncarry)
