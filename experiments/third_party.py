@@ -528,7 +528,8 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", default=",".join(m for m in MODELS if m != "keras_llama"))
+  parser.add_argument("--models",   # keras_llama only when asked for (keras-hub: TensorFlow)
+                      default=",".join(m for m in MODELS if m != "keras_llama"))
   parser.add_argument("--fractions", default="0.1,0.3,0.6",
                       help="budgets: this far from the last round's modeled peak to round 0's")
   parser.add_argument("--passes", type=int, default=5,
