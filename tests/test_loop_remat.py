@@ -607,9 +607,8 @@ def test_rewritten_scans_compute_hoisted_loop_constants_in_their_bodies():
   ckpt = symmem.analyze(_masked_attention_loss(4, checkpointed=True), *_masked_args(2, 8),
                         polymorphic_shapes=specs, constraints=("s <= 64", "b <= 4"))
   assert plain.round_peak(last, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
-  # Every round computes what jax.jit does (values and gradients).
-  for b, s in ((4, 64), (3, 17)):
-    args = _masked_args(b, s, seed=b)
-    ref = jax.jit(_masked_attention_loss(4))(*args)
-    for k in range(len(plain.rounds)):
-      _assert_close_per_leaf(_run_round(plain, k, {"b": b, "s": s}, args), ref)
+  # Every round computes what jax.jit does (values and gradients), at a shape with padding.
+  args = _masked_args(3, 17, seed=3)
+  ref = jax.jit(_masked_attention_loss(4))(*args)
+  for k in range(len(plain.rounds)):
+    _assert_close_per_leaf(_run_round(plain, k, {"b": 3, "s": 17}, args), ref)
