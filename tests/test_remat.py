@@ -544,3 +544,36 @@ def test_a_dropout_step_under_a_budget_jax_jit_exceeds_runs_a_round_within_it():
   for g, w in zip(jax.tree_util.tree_leaves(got),
                   jax.tree_util.tree_leaves(jax.jit(_dropout_step)(params, x, key))):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _haiku_named_step(checkpointed=False):
+  """Three MLP layers called as Haiku calls three instances of one module: under the
+  scopes "block", "block_1", "block_2" (`jax.named_call` by the module's own name)."""
+  def loss(ws, x):
+    for name, (w1, w2) in zip(("block", "block_1", "block_2"), ws):
+      def layer(x, w1, w2, name=name):
+        with jax.named_scope(name):
+          return x + jax.nn.gelu(jnp.tanh(x @ w1) @ w1.T @ w1) @ w2
+      x = (jax.checkpoint(layer) if checkpointed else layer)(x, w1, w2)
+    return jnp.mean(x ** 2)
+  return jax.value_and_grad(loss)
+
+
+def test_haiku_named_layers_form_groups_and_reach_per_layer_checkpointing():
+  rng = np.random.RandomState(0)
+  ws = [(jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
+         jnp.asarray(rng.randn(64, 16), jnp.float32) / 8) for _ in range(3)]
+  x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
+  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
+  plain = symmem.analyze(_haiku_named_step(), ws, x, polymorphic_shapes=specs,
+                         constraints=constraints)
+  graph = plain.graph
+  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  # The unindexed first call is a layer too (the last layer forms no group: its backward
+  # comes right after the peak).
+  assert {g.layer for g in offered if isinstance(g, remat.RegionGroup)} == {"block_0", "block_1"}
+  dims = {"b": 4, "s": 256}
+  ckpt = symmem.analyze(_haiku_named_step(checkpointed=True), ws, x, polymorphic_shapes=specs,
+                        constraints=constraints)
+  floor = min(plain.round_peak(k, dims) for k in range(len(plain.rounds)))
+  assert floor <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)

@@ -426,3 +426,42 @@ def test_saving_everything_is_confined_to_the_thread_that_asked_for_it():
                         save_everything=True)
   assert tracing.has_checkpoints(traced.closed_jaxpr)
   assert vars(ad_checkpoint.remat_p).get("bind") is jax_bind
+
+
+def _layers_under_scopes(names, model=None):
+  """A 3-layer loss whose layers run under `jax.named_scope(names[i])`, all inside
+  `jax.named_scope(model)` where given: how plain JAX code, Haiku (module calls named by
+  the module alone) and a wrapping model module name their layers."""
+  def loss(ws, x):
+    def body(x):
+      for name, w in zip(names, ws):
+        with jax.named_scope(name):
+          x = x + jnp.tanh(x @ w)
+      return jnp.sum(x ** 2)
+    if model is None:
+      return body(x)
+    with jax.named_scope(model):
+      return body(x)
+  return jax.grad(loss)
+
+
+@pytest.mark.parametrize("names, model, layers", [
+    # Haiku's naming: the first call of a module is unindexed.
+    (("block", "block_1", "block_2"), None, ["block_0", "block_1", "block_2"]),
+    (("layer_0", "layer_1", "layer_2"), None, ["layer_0", "layer_1", "layer_2"]),
+    # The model's own scope (whose name may end in a digit) is not a layer.
+    (("h_0", "h_1", "h_2"), "GPT2", ["h_0", "h_1", "h_2"]),
+    (("block", "block_1", "block_2"), "transformer", ["block_0", "block_1", "block_2"]),
+])
+def test_layer_scopes_from_plain_named_scopes_haiku_names_and_a_model_scope(names, model, layers):
+  from jax_symmem._src.ir import layer_scope
+  ws = [jnp.ones((8, 8)) / 8] * 3
+  traced = symmem.trace(_layers_under_scopes(names, model), ws, jnp.ones((2, 8)),
+                        polymorphic_shapes=(None, "b, _"))
+  tanh_layers = [layer_scope(n.source) for n in traced.program.nodes if n.name == "tanh"]
+  assert tanh_layers == layers
+  # Without a family of indexed scopes the outermost scope is the model's: dropped.
+  single = symmem.trace(_layers_under_scopes(("attention",) * 3, "Llama2"), ws,
+                        jnp.ones((2, 8)), polymorphic_shapes=(None, "b, _"))
+  assert {n.source.partition(" @ ")[2] for n in single.program.nodes
+          if n.name == "tanh"} == {"attention"}

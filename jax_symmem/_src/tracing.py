@@ -176,11 +176,90 @@ def _source(eqn, outside: str = "") -> str:
 
 @functools.lru_cache(maxsize=1 << 12)
 def _scope(name_stack: str) -> str:
-  """A name stack without transformations or the outermost scope."""
+  """A name stack without transformations (`_name_layers` then drops the outermost scope
+  where it names the whole model)."""
   scope = name_stack
   while (unwrapped := _TRANSFORM.sub(r"\1", scope)) != scope:   # jvp(M)/Block_0 -> M/Block_0
     scope = unwrapped
-  return scope.partition("/")[2]   # the outermost scope is the whole model (or empty)
+  return scope
+
+
+_INDEXED = re.compile(r"(.*?[^_\d])(_?)(\d+)")
+
+
+def _name_layers(program: Program) -> Program:
+  """`program` with its nodes' scopes as `ir.layer_scope` reads layers from them.
+
+  The outermost scope is dropped ("Llama/layer_0/attn" -> "layer_0/attn": the whole
+  model, whose name may end in a digit, "GPT2"), unless it is one of a family of
+  indexed scopes (`jax.named_scope(f"layer_{i}")` around each layer of a plain function,
+  or Haiku, which names each module call by the module alone: "block", "block_1",
+  "block_2" for three blocks). In a family the first member, unindexed in Haiku's
+  naming, is numbered: "block" -> "block_0", so that every layer reads as one.
+  """
+  scopes = {_split_scope(n.source)[1] for _, n in program.walk()}
+  scopes.discard("")
+  outer = {sc.split("/")[0] for sc in scopes}
+  kept = _family_members(outer)
+  renamed = {}
+  for sc in scopes:
+    parts = sc.split("/")
+    parts = parts if parts[0] in kept else parts[1:]
+    renamed[sc] = parts
+  # Number the unindexed first member of each family of siblings, at every depth.
+  siblings: dict[tuple, set] = {}
+  for parts in renamed.values():
+    for k, c in enumerate(parts):
+      siblings.setdefault(tuple(parts[:k]), set()).add(c)
+  first = {(parent, c): c + sep + "0" for parent, names in siblings.items()
+           for c, sep in _unindexed_firsts(names).items()}
+  new = {}
+  for sc, parts in renamed.items():
+    parts = [first.get((tuple(parts[:k]), c), c) for k, c in enumerate(parts)]
+    new[sc] = "/".join(parts)
+  if all(new[sc] == sc for sc in scopes):
+    return program
+  return _with_scopes(program, new)
+
+
+def _split_scope(source: str) -> tuple[str, str, str]:
+  """(where, scope, suffix) of a node's source "where @ scope[ [note]]"."""
+  where, _, rest = source.partition(" @ ")
+  scope, bracket, note = rest.partition(" [")
+  return where, scope, bracket + note
+
+
+def _family_members(names) -> set[str]:
+  """The names among `names` that belong to a family of two or more that share a stem,
+  at least one of them indexed ("block", "block_1"; "layer_0", "layer_1")."""
+  stems: dict[str, set[str]] = {}
+  for c in names:
+    m = _INDEXED.fullmatch(c)
+    stems.setdefault(m.group(1) if m else c, set()).add(c)
+  return {c for stem, members in stems.items() if len(members) > 1
+          and any(c != stem for c in members) for c in members}
+
+
+def _unindexed_firsts(names) -> dict[str, str]:
+  """Each unindexed name among siblings `names` whose indexed siblings exist ("block"
+  beside "block_1"), with the separator they use."""
+  out = {}
+  for c in names:
+    m = _INDEXED.fullmatch(c)
+    if m and m.group(1) in names and m.group(1) not in out:
+      out[m.group(1)] = m.group(2)
+  return out
+
+
+def _with_scopes(program: Program, new: Mapping[str, str]) -> Program:
+  nodes = []
+  for n in program.nodes:
+    where, scope, suffix = _split_scope(n.source)
+    source = where + (f" @ {new[scope]}" if scope and new[scope] else "") + suffix
+    subprograms = tuple(_with_scopes(p, new) for p in n.subprograms)
+    nodes.append(n if source == n.source and subprograms == n.subprograms else
+                 dataclasses.replace(n, source=source, subprograms=subprograms))
+  return dataclasses.replace(program, nodes=tuple(nodes))
 
 
 @functools.lru_cache(maxsize=1 << 12)
@@ -302,7 +381,7 @@ class _Flattener:
 def flatten(closed_jaxpr: jcore.ClosedJaxpr, start: int = 0) -> Program:
   """Flattens a closed jaxpr into a Program (call primitives inlined); value ids
   count from `start` (a rewrite's new values must not collide with a program's)."""
-  return _Flattener(start).program(closed_jaxpr.jaxpr, closed_jaxpr.consts)
+  return _name_layers(_Flattener(start).program(closed_jaxpr.jaxpr, closed_jaxpr.consts))
 
 
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
