@@ -35,6 +35,10 @@ for stacking the carry, so what is cheap to regenerate but carry-sized (a normal
 input) was never offered first; and a derivative factor (gelu'(h), 1/sigma) waited for a
 round of its own, a rung that recomputed a whole layer and still stacked those.
 
+A rewritten pair also computes in its bodies the loop constants JAX hoisted out of it
+(an attention mask broadcast to (b, h, s, s)) from the smaller values they are made of
+(`_sink`), as `jax.checkpoint` on the body does.
+
 Each eviction is rewritten from the pair as traced (`LoopState` keeps the
 original nodes), so rounds compose without nesting regenerations.
 """
