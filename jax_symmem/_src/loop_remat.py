@@ -52,6 +52,7 @@ from typing import Callable, Mapping, Sequence
 from jax import lax
 
 from jax_symmem._src.flops import at_dims, flops, scan_length
+from jax_symmem._src import interpret
 from jax_symmem._src import tracing
 from jax_symmem._src import xla_buffers
 from jax_symmem._src.poly import ZERO, Poly, total
@@ -672,7 +673,7 @@ def _sink(program: Program, consts: Sequence) -> tuple[list, Callable[[Sequence]
       shape = avals[x].shape
       if len(seen) <= _SINK_MAX_NODES and all(_smaller(avals[v].shape, shape)
                                                 for v in leaves):
-        plan = (tuple(nodes), tuple(dict.fromkeys(leaves)))
+        plan = (tuple(nodes), tuple(leaves))
     plans.append(plan)
   operands, slot, where = [], {}, []   # slot: leaf -> operand index; where: a constant's
   for x, plan in zip(consts, plans):    # operand index where it is read as is
@@ -685,16 +686,16 @@ def _sink(program: Program, consts: Sequence) -> tuple[list, Callable[[Sequence]
         operands.append(y)
 
   def expand(values: Sequence) -> list:
+    local = {y: values[m] for y, m in slot.items()}   # what the plans have computed
     out = []
     for x, plan, k in zip(consts, plans, where):
       if plan is None:
         out.append(values[k])
         continue
-      local = {y: values[m] for y, m in slot.items()}
-      for n in plan[0]:
-        local.update(zip(n.outputs, tracing.bind(
-            n.primitive, [y.value if isinstance(y, Const) else local[y] for y in n.inputs],
-            n.params)))
+      for n in plan[0]:   # a node two constants share is bound once
+        if n.outputs[0] not in local:
+          local.update(zip(n.outputs, interpret.bind(
+              n, [y.value if isinstance(y, Const) else local[y] for y in n.inputs])))
       out.append(local[x])
     return out
 
