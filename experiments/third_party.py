@@ -181,6 +181,13 @@ def _causal_lm(module, padded: bool):
                           return_dict=False)[0]
     return llama.next_token_loss(logits, tokens, mask)
 
+  return _decoder_lm(init, loss_fn, padded)
+
+
+def _decoder_lm(init, loss_fn, padded: bool = True):
+  """A decoder-only LM step's entry: `init(key)` -> parameters, `loss_fn(params, tokens,
+  mask)`, batches of 512-token vocabularies in full rows or padded (`_padding_mask`)."""
+
   def batch(b, s, rng):
     mask = _padding_mask(b, s) if padded else jnp.ones((b, s), jnp.float32)
     return (jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), mask)
@@ -308,7 +315,6 @@ def _bloom():
   module = FlaxBloomForCausalLMModule(BloomConfig(vocab_size=512, hidden_size=128, n_layer=3,
                                                   n_head=4, hidden_dropout=0.0,
                                                   attention_dropout=0.0))
-  model = _causal_lm(module, padded=True)
 
   def init(key):
     t = jnp.zeros((1, 4), jnp.int32)
@@ -318,7 +324,7 @@ def _bloom():
     logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), return_dict=False)[0]
     return llama.next_token_loss(logits, tokens, mask)
 
-  return dict(model, init=init, loss_fn=loss_fn)
+  return _decoder_lm(init, loss_fn)
 
 
 def _haiku(layer_stack: bool = False, remat: bool = False):
@@ -359,12 +365,8 @@ def _haiku(layer_stack: bool = False, remat: bool = False):
   def loss_fn(params, tokens, mask):
     return llama.next_token_loss(net.apply(params, tokens, mask), tokens, mask)
 
-  def batch(b, s, rng):
-    return jnp.asarray(rng.randint(0, vocab, (b, s)), jnp.int32), _padding_mask(b, s)
-
-  return dict(init=lambda key: net.init(key, jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4))),
-              loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
-              shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
+  return _decoder_lm(lambda key: net.init(key, jnp.zeros((1, 4), jnp.int32), jnp.ones((1, 4))),
+                     loss_fn)
 
 
 def _keras_llama():
@@ -390,12 +392,7 @@ def _keras_llama():
                                                      "padding_mask": mask.astype(jnp.int32)})
     return llama.next_token_loss(logits, tokens, mask)
 
-  def batch(b, s, rng):
-    return jnp.asarray(rng.randint(0, 512, (b, s)), jnp.int32), _padding_mask(b, s)
-
-  return dict(init=lambda key: [v.value for v in model.trainable_variables], loss_fn=loss_fn,
-              batch=batch, dims=lambda b, s: {"b": b, "s": s}, shapes=(None, "b, s", "b, s"),
-              constraints=("s >= 2", "s <= 512", "b <= 4"))
+  return _decoder_lm(lambda key: [v.value for v in model.trainable_variables], loss_fn)
 
 
 def _padding_mask(b, s):
