@@ -16,6 +16,7 @@ from jax_symmem._src import memory
 from jax_symmem._src import remat
 from jax_symmem._src import schedule
 from jax_symmem._src import variants
+from jax_symmem._src import xla_buffers
 from jax_symmem.examples import transformer
 from tests import programs
 
@@ -141,6 +142,35 @@ def test_static_anchor_and_analysis_peaks():
 # --- the regeneration bound: FLOPs, not a node count ----------------------------------------
 
 W_DIM = 32
+
+
+def test_a_rounds_footprint_runs_what_frees_memory_as_soon_as_xla_would():
+  # XLA schedules a round itself: a node that reads a value last runs as soon as its
+  # operands exist where that frees memory. A round whose order keeps such a node late
+  # (here one of round 5's dots moved to just before its first consumer) is predicted in
+  # the hoisted order (schedule.hoist), as XLA runs it; its own order would say more.
+  a = _analysis()
+  k, dims = 5, {"b": 4, "s": 128}
+  r = a.rounds[k]
+  footprint = lambda order: xla_buffers.footprint_at(r.graph, dims, r.program, order)
+  succs = [[] for _ in r.program.nodes]
+  for i, ps in enumerate(schedule.dependencies(r.program)):
+    for p in ps:
+      succs[p].append(i)
+  def delayed(i):
+    q = min(r.order.index(j) for j in succs[i])
+    rest = [n for n in r.order if n != i]
+    return rest[:q - 1] + [i] + rest[q - 1:]
+  late = max((delayed(i) for i in r.order if succs[i]), key=footprint)
+  assert footprint(late) > footprint(r.order)
+  rounds = list(a.rounds)
+  rounds[k] = dataclasses.replace(r, order=tuple(late))
+  fresh = {f.name: {} for f in dataclasses.fields(a) if f.name.startswith("_round")}
+  moved = dataclasses.replace(a, rounds=tuple(rounds), **fresh)
+  hoisted, moves = schedule.hoist(r.graph, late, dims, r.program)
+  assert moves and schedule.is_valid_order(r.program, hoisted)
+  assert moved.round_footprint(k, dims) == min(footprint(late), footprint(hoisted))
+  assert moved.round_footprint(k, dims) < footprint(late)
 
 
 def _chain_step(n_ops):

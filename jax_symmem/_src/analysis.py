@@ -213,9 +213,18 @@ class Analysis:
       r = self.rounds[k]
       pinned = frozenset() if k == self.as_written_round else fence.pinned_draws(
           r.graph, r.program, self.graph.constraints.complete(dims), fence.MIN_BYTES)
-      # Round 0 has no fences: XLA schedules it, taking the least memory of its
-      # schedulers', one of which follows the dataflow (the trace's order).
-      orders = [self.round_order(k, dims)] + ([] if k else [range(len(r.program.nodes))])
+      # XLA schedules each round itself, within the fences, taking the least memory of
+      # its schedulers'. Round 0 has no fences, and one of them follows the dataflow (the
+      # trace's order). A later round's order is round 0's with its regenerations
+      # inserted (`remat.apply_regions`); XLA runs what reads a regenerated value last
+      # as soon as its operands exist where that frees memory, as `schedule.hoist` does
+      # (experiments/RESULTS.md, "Why Gemma's tightest budget took 9 compiles").
+      order = self.round_order(k, dims)
+      if k:
+        hoisted, moves = schedule_lib.hoist(r.graph, order, dims, r.program)
+        orders = [order, hoisted] if moves else [order]
+      else:
+        orders = [order, range(len(r.program.nodes))]
       kept = fence.kept_values(r.program, pinned).values()
       self._round_footprints[key] = min(
           xla_buffers.footprint_at(r.graph, dims, r.program, order, pinned=pinned, kept=kept)

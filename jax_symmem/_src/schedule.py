@@ -273,6 +273,41 @@ def _sink(graph, state: _State, order: Sequence[int], at, donated):
   return (profile.order.tolist() if profile is not None else order), moves
 
 
+def hoist(graph: ShapeGraph, order: Sequence[int], at: Mapping[str, int],
+          program: Program | None = None, donated: Sequence[int] = ()) -> tuple[list[int], int]:
+  """`order` after moving nodes earlier, each to just after its last predecessor, where
+  that lowers the peak at dims `at`; and the moves made.
+
+  The mirror of the sink: a node that reads a value last frees it sooner when it runs
+  sooner. A remat round's order is the previous round's with each regeneration inserted
+  before its consumer (`remat.apply_regions`), and the nodes after it kept their places,
+  which suited values that were live anyway: on transformers' Flax Gemma (b=4, s=512)
+  the value gradient's dot of a regenerated attention ran after the score gradient's,
+  so the regenerated probabilities stayed live across it where XLA's scheduler runs
+  that dot first (experiments/RESULTS.md, "Why Gemma's tightest budget took 9 compiles").
+  `Analysis.round_footprint` predicts a round in the better of its order and this one.
+  Judged with the sink's incremental profile, one pass first to last.
+  """
+  program = graph.traced.program if program is None else program
+  state = _State(program, tuple(donated))
+  at = graph.constraints.complete(dict(at))
+  tables = memory.order_tables(graph, at, program, donated)
+  if not tables.exact or not order:
+    return list(order), 0
+  profile = _Profile(tables, order)
+  current = memory.peak_at(graph, at, program, order, donated)
+  moves = 0
+  for i in list(order):
+    r = 1 + max((int(profile.pos[j]) for j in state.preds[i]), default=-1)
+    if r >= profile.pos[i]:
+      continue
+    new = profile.trial_earlier(i, r)
+    if new < current:
+      profile.accept_earlier()
+      current, moves = new, moves + 1
+  return profile.order.tolist(), moves
+
+
 class _Profile:
   """The live-bytes profile of an order under `memory.order_tables`' integer tables,
   updated in place when a node moves later.
@@ -309,6 +344,15 @@ class _Profile:
     self.step = before + t.alloc[seq] + t.trans[seq]
     self._top = int(np.argmax(self.step)) if n else 0      # a position of the profile's max
     self._positions = np.arange(n)
+    self._use = (t.use_buf, t.use_node)
+
+  @functools.cached_property
+  def readers(self) -> list[list[int]]:
+    """buffer -> the nodes that read it (what an earlier move hands a buffer's last read to)."""
+    readers: list[list[int]] = [[] for _ in self.size]
+    for b, node in zip(*(a.tolist() for a in self._use)):
+      readers[b].append(node)
+    return readers
 
   def trial(self, i: int, q: int) -> int:
     """The peak if node i moved to just before position q (its first consumer)."""
@@ -371,6 +415,66 @@ class _Profile:
     order[p:q - 1] = order[p + 1:q]
     order[q - 1] = i
     self.pos[order[p:q]] = self._positions[p:q]
+
+  def trial_earlier(self, i: int, r: int) -> int:
+    """The peak if node i moved earlier, to position r (just after its last predecessor).
+
+    The nodes from r to i's old position p run one step later, holding i's outputs
+    (`keep`); each buffer i read last is freed earlier: where i now runs, or after its
+    other last reader in that window.
+    """
+    p, pos, last, size = int(self.pos[i]), self.pos, self.last, self.size
+    keep = self.keep[i]
+    freed_at = []   # (the old position after which it is freed, bytes, buffer)
+    for b in self.reads[i]:
+      if last[b] == i:
+        other = max((int(pos[j]) for j in self.readers[b] if j != i), default=-1)
+        freed_at.append((max(other, r - 1), size[b], b))
+    if len(freed_at) > 1:
+      freed_at.sort()
+    step, parts, released, start = self.step, [], 0, r
+    for at, bytes_, _ in freed_at:
+      end = min(at, p - 1)
+      if end >= start:
+        parts.append(int(step[start:end + 1].max()) + keep - released)
+        start = end + 1
+      released += bytes_
+    if start < p:
+      parts.append(int(step[start:p].max()) + keep - released)
+    i_step = int(step[r]) - self.running[int(self.order[r])] + self.running[i]
+    peak = max(self.arguments, i_step, *parts)
+    top = self._top
+    if not r <= top <= p:         # the max lies outside the window: nothing else can beat it
+      peak = max(peak, int(step[top]))
+    else:
+      if r > 0:
+        peak = max(peak, int(step[:r].max()))
+      if p + 1 < len(step):
+        peak = max(peak, int(step[p + 1:].max()))
+    self._pending_earlier = (i, p, r, keep, freed_at, i_step)
+    return peak
+
+  def accept_earlier(self):
+    """Applies the last `trial_earlier` move."""
+    i, p, r, keep, freed_at, i_step = self._pending_earlier
+    step, order = self.step, self.order
+    released = np.zeros(p - r, np.int64)
+    for at, bytes_, _ in freed_at:
+      if at + 1 - r < p - r:
+        released[at + 1 - r:] += bytes_
+    step[r + 1:p + 1] = step[r:p] + keep - released
+    step[r] = i_step
+    last, freed = self.last, self.freed
+    for at, bytes_, b in freed_at:   # another reader in the window now reads it last
+      if at >= r:
+        j = int(order[at])
+        last[b] = j
+        freed[j] += bytes_
+        freed[i] -= bytes_
+    order[r + 1:p + 1] = order[r:p].copy()
+    order[r] = i
+    self.pos[order[r:p + 1]] = self._positions[r:p + 1]
+    self._top = int(step.argmax())
 
 
 @dataclasses.dataclass(frozen=True)
