@@ -209,11 +209,8 @@ def _reference_sink(graph, program, order, at):
   return order, moves
 
 
-@hypothesis.settings(max_examples=25, deadline=None)
-@hypothesis.given(ops=OPS, b=st.integers(1, 16), seed=st.integers(0, 2**16))
-def test_incremental_sink_equals_brute_force(ops, b, seed):
-  """The sink judges each move from the window it crosses; the orders and move counts
-  equal simulating every trial order in full, from random valid starting orders."""
+def _random_order(ops, seed):
+  """(graph, program, a random valid order) of the gradient of a random program."""
   traced = symmem.trace(jax.grad(_random_program(ops, 4)), jax.ShapeDtypeStruct((2, 4), jnp.float32),
                         polymorphic_shapes="b, _", constraints=("b <= 16",))
   graph = symmem.shape_graph(traced)
@@ -225,6 +222,15 @@ def test_incremental_sink_equals_brute_force(ops, b, seed):
     ready = [i for i in range(len(program.nodes)) if i not in placed and preds[i] <= placed]
     order.append(int(rng.choice(ready)))
     placed.add(order[-1])
+  return graph, program, order
+
+
+@hypothesis.settings(max_examples=25, deadline=None)
+@hypothesis.given(ops=OPS, b=st.integers(1, 16), seed=st.integers(0, 2**16))
+def test_incremental_sink_equals_brute_force(ops, b, seed):
+  """The sink judges each move from the window it crosses; the orders and move counts
+  equal simulating every trial order in full, from random valid starting orders."""
+  graph, program, order = _random_order(ops, seed)
   at = {"b": b}
   assert schedule.sink(graph, order, at) == _reference_sink(graph, program, order, at)
 
@@ -254,17 +260,7 @@ def test_incremental_hoist_equals_brute_force(ops, b, seed):
   """The hoist judges each move from the window it crosses (`_Profile.trial_earlier`); the
   orders and move counts equal simulating every trial order in full, from random valid
   starting orders, and the peak never rises."""
-  traced = symmem.trace(jax.grad(_random_program(ops, 4)), jax.ShapeDtypeStruct((2, 4), jnp.float32),
-                        polymorphic_shapes="b, _", constraints=("b <= 16",))
-  graph = symmem.shape_graph(traced)
-  program = traced.program
-  preds = schedule.dependencies(program)
-  rng = np.random.RandomState(seed)
-  placed, order = set(), []
-  while len(order) < len(program.nodes):    # a random topological order
-    ready = [i for i in range(len(program.nodes)) if i not in placed and preds[i] <= placed]
-    order.append(int(rng.choice(ready)))
-    placed.add(order[-1])
+  graph, program, order = _random_order(ops, seed)
   at = {"b": b}
   hoisted, moves = schedule.hoist(graph, order, at)
   assert (hoisted, moves) == _reference_hoist(graph, program, order, at)
