@@ -310,14 +310,15 @@ def hoist(graph: ShapeGraph, order: Sequence[int], at: Mapping[str, int],
 
 class _Profile:
   """The live-bytes profile of an order under `memory.order_tables`' integer tables,
-  updated in place when a node moves later.
+  updated in place when a node moves later (the sink) or earlier (the hoist).
 
   Moving node i from position p to just before position q shifts the nodes in
   between one step earlier and runs them before i: their live bytes lose i's net
   allocation, and gain the bytes of the buffers whose last read passes to i. So a
   trial move reads a few maxima of slices of the current profile, and an accepted
-  one shifts a slice of it. Only the bytes while each step runs are kept (`step`);
-  the bytes live before a step are those minus what it allocates.
+  one shifts a slice of it (`trial_earlier` is the mirror). Only the bytes while each
+  step runs are kept (`step`); the bytes live before a step are those minus what it
+  allocates.
   """
 
   def __init__(self, tables, order: Sequence[int]):
