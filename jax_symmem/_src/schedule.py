@@ -289,16 +289,15 @@ def hoist(graph: ShapeGraph, order: Sequence[int], at: Mapping[str, int],
   Judged with the sink's incremental profile, one pass first to last.
   """
   program = graph.traced.program if program is None else program
-  state = _State(program, tuple(donated))
-  at = graph.constraints.complete(dict(at))
-  tables = memory.order_tables(graph, at, program, donated)
+  tables = memory.order_tables(graph, graph.constraints.complete(dict(at)), program, donated)
   if not tables.exact or not order:
     return list(order), 0
+  preds = dependencies(program)
   profile = _Profile(tables, order)
-  current = memory.peak_at(graph, at, program, order, donated)
+  current = max(profile.arguments, int(profile.step.max()))   # memory.peak_at's figure
   moves = 0
   for i in list(order):
-    r = 1 + max((int(profile.pos[j]) for j in state.preds[i]), default=-1)
+    r = 1 + max((int(profile.pos[j]) for j in preds[i]), default=-1)
     if r >= profile.pos[i]:
       continue
     new = profile.trial_earlier(i, r)
