@@ -1,4 +1,4 @@
-"""Models nobody here wrote: twelve of transformers' Flax language models (seventeen steps), a
+"""Models nobody here wrote: thirteen of transformers' Flax language models (eighteen steps), a
 Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
@@ -12,6 +12,9 @@ with AdamW and a masked token loss:
         padded rows in both
   bert  FlaxBertForMaskedLMModule: token types, padded rows, a masked-LM loss over 15 % of
         the real tokens
+  albert  FlaxAlbertForMaskedLMModule: one layer's weights shared by its 4 layers (one
+        Flax module called once per layer, so every layer has the same scope), factorized
+        embeddings; BERT's batch and loss
   mistral  FlaxMistralForCausalLMModule: grouped-query attention, rotary positions, a
         sliding window of 128 (below the longer lengths), padded rows
   gpt2_bf16, mistral_bf16  the same GPT-2 and Mistral computing in bfloat16 (the modules'
@@ -54,7 +57,7 @@ recomputes every layer at every shape, as `jax.jit` compiles it and with the var
 options (median and fastest of `--passes` interleaved passes): where memory allows, the
 plan runs the step without that recomputation.
 
-  python -m experiments.third_party [--models t5,gpt2,bart,bert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
+  python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
                                                haiku,haiku_stack,haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
@@ -266,6 +269,32 @@ def _bert(gradient_checkpointing: bool = False):
               constraints=("s >= 2", "s <= 512", "b <= 4"))
 
 
+def _albert():
+  """ALBERT: one layer's weights shared by every layer (the same Flax module called
+  `num_hidden_layers` times), so all layers carry one scope name."""
+  from transformers import AlbertConfig
+  from transformers.models.albert.modeling_flax_albert import FlaxAlbertForMaskedLMModule
+  cfg = AlbertConfig(vocab_size=512, embedding_size=64, hidden_size=128, num_hidden_layers=4,
+                     num_hidden_groups=1, num_attention_heads=4, intermediate_size=256,
+                     max_position_embeddings=512, type_vocab_size=2, hidden_dropout_prob=0.0,
+                     attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0)
+  bert = _bert()   # the same masked-LM batch and loss
+  module = FlaxAlbertForMaskedLMModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t), jnp.arange(4)[None],
+                       return_dict=False)["params"]
+
+  def loss_fn(params, tokens, mask, token_types, labels, chosen):
+    b, s = tokens.shape
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types,
+                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), return_dict=False)[0]
+    return llama.masked_cross_entropy(logits, labels, chosen)
+
+  return dict(bert, init=init, loss_fn=loss_fn)
+
+
 def _mistral(dtype=jnp.float32):
   from transformers import MistralConfig
   from transformers.models.mistral.modeling_flax_mistral import FlaxMistralForCausalLMModule
@@ -405,7 +434,7 @@ def _padding_mask(b, s):
   return jnp.asarray(mask)
 
 
-MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "mistral": _mistral,
+MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _albert, "mistral": _mistral,
           "t5_dropout": functools.partial(_t5, dropout=0.1),
           "t5_checkpointed": functools.partial(_t5, gradient_checkpointing=True),
           "bert_checkpointed": functools.partial(_bert, gradient_checkpointing=True),

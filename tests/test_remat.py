@@ -607,3 +607,43 @@ def test_haiku_named_layers_form_groups_and_reach_per_layer_checkpointing():
                         constraints=constraints)
   floor = min(plain.round_peak(k, dims) for k in range(len(plain.rounds)))
   assert floor <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
+
+
+def _shared_layer_step(checkpointed=False):
+  """One MLP layer's weights applied three times, each call under the same scope, as a
+  Flax module called once per layer names them (ALBERT: "albert_layer_groups/0")."""
+  def loss(ws, x):
+    w1, w2 = ws
+    def layer(x, w1, w2):
+      with jax.named_scope("shared_0"):
+        return x + jax.nn.gelu(jnp.tanh(x @ w1) @ w1.T @ w1) @ w2
+    with jax.named_scope("model"):
+      for _ in range(3):
+        x = (jax.checkpoint(layer) if checkpointed else layer)(x, w1, w2)
+      return jnp.mean(x ** 2)
+  return jax.value_and_grad(loss)
+
+
+def test_a_module_called_once_per_layer_forms_a_group_per_call():
+  rng = np.random.RandomState(0)
+  ws = (jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
+        jnp.asarray(rng.randn(64, 16), jnp.float32) / 8)
+  x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
+  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
+  plain = symmem.analyze(_shared_layer_step(), ws, x, polymorphic_shapes=specs,
+                         constraints=constraints)
+  graph = plain.graph
+  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  # All three calls share the scope "shared_0"; each call but the last is a layer.
+  assert {g.layer for g in offered if isinstance(g, remat.RegionGroup)} == {
+      "shared_0 (call 0)", "shared_0 (call 1)"}
+  dims = {"b": 4, "s": 256}
+  ckpt = symmem.analyze(_shared_layer_step(checkpointed=True), ws, x, polymorphic_shapes=specs,
+                        constraints=constraints)
+  floor = min(range(len(plain.rounds)), key=lambda k: plain.round_peak(k, dims))
+  assert plain.round_peak(floor, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
+  args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
+  got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
+  want = jax.tree_util.tree_leaves(jax.jit(_shared_layer_step())(*args))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

@@ -445,6 +445,32 @@ def _layers_under_scopes(names, model=None):
   return jax.grad(loss)
 
 
+def test_layer_calls_split_a_scope_only_where_its_forward_repeats():
+  import types
+  from jax_symmem._src.ir import layer_calls
+  def nodes(*ops):   # (primitive, scope) pairs, one source line each
+    return [types.SimpleNamespace(name=p, source=f"m.py:{k} (f) @ {scope}")
+            for p, scope, k in ops]
+  call = [("dot_general", "enc/group/0/attn", 1), ("exp", "enc/group/0/attn", 2),
+          ("dot_general", "enc/group/0/mlp", 3)]
+  backward = [("transpose", "enc/group/0/mlp", 3), ("mul", "enc/group/0/attn", 2)] * 3
+  program = nodes(*call * 3, *backward)
+  calls = layer_calls(program, set(range(9)))
+  assert [calls[i] for i in range(9)] == [f"enc/group/0 (call {k})" for k in range(3) for _ in range(3)]
+  # The backward's nodes are in none.
+  assert set(calls) == set(range(9))
+  # A last call cut short by the peak (its tail is backward) is still a call.
+  assert layer_calls(program[:8], set(range(8)))[7] == "enc/group/0 (call 2)"
+  # Layers with scopes of their own stay as they are, and so does a layer whose forward
+  # merely starts with a repeat: its forward runs past the repeated run.
+  distinct = nodes(("dot_general", "h_0", 1), ("tanh", "h_0", 2), ("dot_general", "h_1", 1),
+                   ("tanh", "h_1", 2))
+  assert layer_calls(distinct, set(range(4))) == {}
+  starts_twice = nodes(("reshape", "h_0", 1), ("reshape", "h_0", 1), ("dot_general", "h_0", 2),
+                       ("tanh", "h_0", 3))
+  assert layer_calls(starts_twice, set(range(4))) == {}
+
+
 @pytest.mark.parametrize("names, model, layers", [
     # Haiku's naming: the first call of a module is unindexed.
     (("block", "block_1", "block_2"), None, ["block_0", "block_1", "block_2"]),

@@ -121,6 +121,54 @@ def layer_scope(source: str) -> str | None:
   return m.group(1) if m else None
 
 
+def layer_calls(nodes, forward) -> dict[int, str]:
+  """Where one layer scope runs the same ops several times over in its forward, which
+  run each of its nodes belongs to: {node index: "scope (call k)"}.
+
+  One module called once per layer (its weights shared across the layers: ALBERT,
+  weight-tied "universal" transformers) gives every layer the same scope. Its calls
+  trace the same ops from the same lines, so in program order the scope's ops
+  (primitive and source) start with a run that repeats with a period; each period is
+  a call. A split is kept only where the run holds every one of the scope's
+  `forward` nodes (a node index set) but for the last call's tail; elsewhere the
+  scope is one layer, as `layer_scope` reads it, and is not in the result.
+  """
+  members: dict[str, list[int]] = {}
+  for i, n in enumerate(nodes):
+    scope = layer_scope(n.source)
+    if scope is not None:
+      members.setdefault(scope, []).append(i)
+  out: dict[int, str] = {}
+  for scope, idx in members.items():
+    length, p = _periodic_prefix([(nodes[i].name, nodes[i].source) for i in idx])
+    last_forward = max((k for k, i in enumerate(idx) if i in forward), default=-1)
+    if not p or last_forward >= length + p:
+      continue
+    for k, i in enumerate(idx[:length + p]):
+      if k < length or i in forward:   # past the run: the last call's forward tail
+        out[i] = f"{scope} (call {min(k, length - 1) // p})"
+  return out
+
+
+def _periodic_prefix(seq) -> tuple[int, int]:
+  """(n, p): the longest prefix seq[:n] with seq[i] == seq[i - p] for p <= i < n that
+  holds at least two whole periods, p its smallest period; (0, 0) if none (KMP's
+  prefix function: the smallest period of seq[:n] is n - border[n - 1])."""
+  border = [0] * len(seq)
+  k = 0
+  for i in range(1, len(seq)):
+    while k and seq[i] != seq[k]:
+      k = border[k - 1]
+    if seq[i] == seq[k]:
+      k += 1
+    border[i] = k
+  for n in range(len(seq), 1, -1):
+    p = n - border[n - 1]
+    if 2 * p <= n:
+      return n, p
+  return 0, 0
+
+
 def source_label(source: str, primitive: str = "") -> str:
   """A node's `source` for messages: the file without its directory
   ("model.py:41:8 (__call__) @ Block_3/LayerNorm_0"), or the primitive where JAX

@@ -49,7 +49,7 @@ from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program, layer_scope, source_label
+from jax_symmem._src.ir import Const, Node, Program, layer_calls, layer_scope, source_label
 
 # --- per-primitive rules ------------------------------------------------------------
 
@@ -307,10 +307,11 @@ def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, 
   backward); evicted alone, each comes back right before its own use. Once a round has
   evicted a layer whole, its regenerated values are likewise evicted one at a time."""
   nodes = program.nodes
-  layer = functools.lru_cache(maxsize=None)(lambda i: layer_scope(nodes[i].source))
   position = {n: k for k, n in enumerate(order)}
-  forward = [i for i in set(forward_node.tolist())
-             if layer(i) is not None and not nodes[i].source.endswith(RECOMPUTED)]
+  original = [i for i in set(forward_node.tolist()) if not nodes[i].source.endswith(RECOMPUTED)]
+  calls = layer_calls(nodes, set(original))
+  layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
+  forward = [i for i in original if layer(i) is not None]
   last = layer(max(forward, key=position.__getitem__)) if forward else None
   other_readers: set[int] = set()
   for i, v in zip(forward_node.tolist(), forward_val.tolist()):
