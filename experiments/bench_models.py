@@ -238,6 +238,19 @@ def _nnx_scan(g: Geometry = Geometry()) -> Workload:
       lambda s: llama.example_batch(cfg, g.batch, s))
 
 
+def _nnx_loop(g: Geometry = Geometry()) -> Workload:
+  # NNX's layers in a Python loop (`nnx.List`), as Flax's NNX examples write them: NNX
+  # pushes no name scopes, so the planner reads the layers from the repeated code.
+  from flax import nnx
+  from jax_symmem.examples import llama, llama_nnx
+  cfg = _llama_config(g)
+  def step(policy):
+    return llama_nnx.pure_train_step(*llama_nnx.init_state(cfg, remat_policy=policy))
+  return _token_workload(
+      "nnx_loop", g, step, lambda: nnx.state(llama_nnx.init_state(cfg)),
+      lambda s: llama.example_batch(cfg, g.batch, s))
+
+
 def _eqx_scan(g: Geometry = Geometry()) -> Workload:
   # Equinox's scan over layers (eqx.filter_vmap-built layers under lax.scan, modules on one
   # sequence, the model vmapped over the batch); per-layer checkpointing is
@@ -297,7 +310,7 @@ WORKLOADS = {
     "llama": lambda g=Geometry(): _llama(False, g=g),
     "llama_scan": lambda g=Geometry(): _llama(True, g=g),
     "llama_scan_remat": lambda g=Geometry(): _llama(True, annotated=True, g=g),
-    "nnx_scan": _nnx_scan, "eqx_scan": _eqx_scan, "gpt2": _gpt2,
+    "nnx_scan": _nnx_scan, "nnx_loop": _nnx_loop, "eqx_scan": _eqx_scan, "gpt2": _gpt2,
     "gpt2_layerdrop": _gpt2_layerdrop, "gpt2_dropout": _gpt2_dropout,
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),

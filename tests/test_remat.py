@@ -647,3 +647,45 @@ def test_a_module_called_once_per_layer_forms_a_group_per_call():
   want = jax.tree_util.tree_leaves(jax.jit(_shared_layer_step())(*args))
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def _unscoped_layers_step(checkpointed=False):
+  """Three MLP layers in a Python loop and no scope at all, as Flax NNX and Equinox
+  modules trace (neither pushes a name scope)."""
+  def loss(ws, x):
+    def layer(x, w1, w2):
+      return x + jax.nn.gelu(jnp.tanh(x @ w1) @ w1.T @ w1) @ w2
+    x = jnp.tanh(x)   # an embedding of sorts: ops before the layers
+    for w1, w2 in ws:
+      x = (jax.checkpoint(layer) if checkpointed else layer)(x, w1, w2)
+    return jnp.mean(x ** 2)
+  return jax.value_and_grad(loss)
+
+
+def test_layers_without_scopes_are_read_from_their_repeated_code():
+  rng = np.random.RandomState(0)
+  ws = [(jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
+         jnp.asarray(rng.randn(64, 16), jnp.float32) / 8) for _ in range(3)]
+  x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
+  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
+  plain = symmem.analyze(_unscoped_layers_step(), ws, x, polymorphic_shapes=specs,
+                         constraints=constraints)
+  graph = plain.graph
+  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  groups = [g for g in offered if isinstance(g, remat.RegionGroup)]
+  assert {g.layer for g in groups} == {"repeated layer (call 0)", "repeated layer (call 1)"}
+  # The calls are the layers, in order: the first group's values are all made before
+  # the second's.
+  producer = {o: n for n in plain.traced.program.nodes for o in n.outputs}
+  made = {g.layer: [producer[r.value].index for r in g.regions] for g in groups}
+  assert max(made["repeated layer (call 0)"]) < min(made["repeated layer (call 1)"])
+  dims = {"b": 4, "s": 256}
+  ckpt = symmem.analyze(_unscoped_layers_step(checkpointed=True), ws, x,
+                        polymorphic_shapes=specs, constraints=constraints)
+  floor = min(range(len(plain.rounds)), key=lambda k: plain.round_peak(k, dims))
+  assert plain.round_peak(floor, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
+  args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
+  got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
+  want = jax.tree_util.tree_leaves(jax.jit(_unscoped_layers_step())(*args))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)

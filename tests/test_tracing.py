@@ -471,6 +471,46 @@ def test_layer_calls_split_a_scope_only_where_its_forward_repeats():
   assert layer_calls(starts_twice, set(range(4))) == {}
 
 
+def test_layer_calls_without_scopes_read_the_layers_from_the_repeated_run():
+  import types
+  from jax_symmem._src.ir import layer_calls
+  def nodes(*ops):   # (primitive, source line) pairs, no scope: NNX and Equinox modules
+    return [types.SimpleNamespace(name=p, source=f"m.py:{k} (f)") for p, k in ops]
+  layer = [("dot_general", 10), ("tanh", 11), ("dot_general", 12), ("add", 13)]
+  program = nodes(("gather", 1), ("add", 2), *layer * 3, ("reduce_sum", 20),
+                  ("transpose", 12), ("mul", 11))   # the last two: backward
+  forward = set(range(len(program) - 2))
+  calls = layer_calls(program, forward)
+  assert calls == {2 + k: f"repeated layer (call {k // 4})" for k in range(12)}
+  # Where a scope names a layer, scopes decide and repeated code is not read.
+  scoped = program[:]
+  scoped[2] = types.SimpleNamespace(name="dot_general", source="m.py:10 (f) @ h_0")
+  assert layer_calls(scoped, forward) == {}
+
+
+def test_tandem_repeat_equals_brute_force():
+  from jax_symmem._src.ir import _tandem_repeat
+  def brute(seq):
+    best = (0, 0, 1)
+    for p in range(1, len(seq) // 2 + 1):
+      for start in range(len(seq) - p):
+        if start and seq[start - 1] == seq[start - 1 + p]:
+          continue   # not where a run starts
+        r = 0
+        while start + r + p < len(seq) and seq[start + r] == seq[start + r + p]:
+          r += 1
+        if r >= p and r + p > best[1]:
+          best = (start, r + p, p)
+    return best
+  rng = np.random.RandomState(0)
+  for _ in range(200):
+    layer = rng.randint(0, 3, rng.randint(1, 6))
+    seq = np.concatenate([rng.randint(0, 4, rng.randint(0, 5)),
+                          np.tile(layer, rng.randint(1, 4)), rng.randint(0, 4, rng.randint(0, 5))])
+    seq = seq.astype(np.int64)
+    assert _tandem_repeat(seq.tobytes()) == brute(seq.tolist()), seq
+
+
 @pytest.mark.parametrize("names, model, layers", [
     # Haiku's naming: the first call of a module is unindexed.
     (("block", "block_1", "block_2"), None, ["block_0", "block_1", "block_2"]),

@@ -121,7 +121,7 @@ def layer_scope(source: str) -> str | None:
   return m.group(1) if m else None
 
 
-def layer_calls(nodes, forward) -> dict[int, str]:
+def layer_calls(nodes, forward, residual_makers=()) -> dict[int, str]:
   """Where one layer scope runs the same ops several times over in its forward, which
   run each of its nodes belongs to: {node index: "scope (call k)"}.
 
@@ -132,6 +132,10 @@ def layer_calls(nodes, forward) -> dict[int, str]:
   a call. A split is kept only where the run holds every one of the scope's
   `forward` nodes (a node index set) but for the last call's tail; elsewhere the
   scope is one layer, as `layer_scope` reads it, and is not in the result.
+
+  Where no forward node has a layer scope, the layers are read from the longest run
+  of repeated ops before the last of `residual_makers` (the nodes whose values are
+  live across the peak), each whole period a call: "repeated layer (call k)".
   """
   members: dict[str, list[int]] = {}
   for i, n in enumerate(nodes):
@@ -147,7 +151,41 @@ def layer_calls(nodes, forward) -> dict[int, str]:
     for k, i in enumerate(idx[:length + p]):
       if k < length or i in forward:   # past the run: the last call's forward tail
         out[i] = f"{scope} (call {min(k, length - 1) // p})"
+  if not any(layer_scope(nodes[i].source) for i in forward):
+    # No scope names a layer (Flax NNX and Equinox modules push none): the layers are
+    # the longest run of ops that repeats, in program order up to the last node that
+    # makes a residual (all nodes up to there: which of a layer's ops run before the
+    # peak depends on the schedule, and the last layer's differ; the optimizer's
+    # scalar steps may run before it anywhere).
+    idx = range(max(residual_makers or forward, default=-1) + 1)
+    codes: dict[tuple[str, str], int] = {}
+    seq = np.fromiter((codes.setdefault((nodes[i].name, nodes[i].source), len(codes))
+                       for i in idx), np.int64, len(idx))
+    start, length, p = _tandem_repeat(seq.tobytes())
+    for k in range(length - length % p):   # whole periods: a part of one is the head's
+      out[idx[start + k]] = f"repeated layer (call {k // p})"   # norm, the layers' code
   return out
+
+
+@functools.lru_cache(maxsize=64)
+def _tandem_repeat(codes: bytes) -> tuple[int, int, int]:
+  """(start, n, p): the run codes[start:start + n] that repeats with period p
+  (codes[i] == codes[i + p] for start <= i < start + n - p) covering the most
+  elements in at least two whole periods, the smallest such p on ties; (0, 0, 1)
+  if none. int64 codes, as bytes to be cached across a plan's rounds."""
+  seq = np.frombuffer(codes, np.int64)
+  best = (0, 0, 1)
+  for p in range(1, len(seq) // 2 + 1):
+    same = np.concatenate(([False], seq[:-p] == seq[p:], [False]))
+    edges = np.flatnonzero(same[1:] != same[:-1])   # run starts and ends, in pairs
+    if not len(edges):
+      continue
+    runs = edges[1::2] - edges[::2]
+    j = int(runs.argmax())
+    covered = int(runs[j]) + p
+    if runs[j] >= p and covered > best[1]:
+      best = (int(edges[2 * j]), covered, p)
+  return best
 
 
 def _periodic_prefix(seq) -> tuple[int, int]:

@@ -309,7 +309,7 @@ def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, 
   nodes = program.nodes
   position = {n: k for k, n in enumerate(order)}
   original = [i for i in set(forward_node.tolist()) if not nodes[i].source.endswith(RECOMPUTED)]
-  calls = layer_calls(nodes, set(original))
+  calls = layer_calls(nodes, set(original), {producer[v] for v in candidates})
   layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
   forward = [i for i in original if layer(i) is not None]
   last = layer(max(forward, key=position.__getitem__)) if forward else None
