@@ -11,6 +11,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import executor
+from jax_symmem._src import ir
 from jax_symmem._src.ir import Const
 from jax_symmem._src import memory
 from jax_symmem._src import remat
@@ -689,3 +690,26 @@ def test_layers_without_scopes_are_read_from_their_repeated_code():
   want = jax.tree_util.tree_leaves(jax.jit(_unscoped_layers_step())(*args))
   for g, w in zip(got, want):
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+
+
+def test_an_nnx_python_loop_of_layers_reaches_per_layer_nnx_remat():
+  """Flax NNX pushes no name scopes: its layers come from the repeated code."""
+  from flax import nnx
+  from jax_symmem.examples import llama, llama_nnx
+  cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=3)
+  def analyze(policy):
+    model, optimizer = llama_nnx.init_state(cfg, remat_policy=policy)
+    tokens, mask = llama.example_batch(cfg, 2, 16)
+    return symmem.analyze(llama_nnx.pure_train_step(model, optimizer),
+                          nnx.state((model, optimizer)), tokens, mask,
+                          polymorphic_shapes=(None, "b, s", "b, s"),
+                          constraints=("s <= 256", "b <= 4", "s >= 2"))
+  plain = analyze(None)
+  assert {ir.layer_scope(n.source) for n in plain.traced.program.nodes} == {None}
+  offered = remat.plan(plain.graph, schedule.schedule(plain.graph).order, layer_groups=True)
+  assert {g.layer for g in offered.regions if isinstance(g, remat.RegionGroup)} == {
+      "repeated layer (call 0)", "repeated layer (call 1)"}
+  dims = {"b": 4, "s": 256}
+  ckpt = analyze("layer")
+  floor = min(plain.round_peak(k, dims) for k in range(len(plain.rounds)))
+  assert floor <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
