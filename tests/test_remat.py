@@ -590,24 +590,38 @@ def _haiku_named_step(checkpointed=False):
   return jax.value_and_grad(loss)
 
 
-def test_haiku_named_layers_form_groups_and_reach_per_layer_checkpointing():
+def _mlp_layers_reach(make_step, shared=False):
+  """(analysis, the layer groups its first round offers, its least-peak round at b=4,
+  s=256, and that round's modeled peak over the step's with `jax.checkpoint` on each
+  layer, as written) for a step of three 16 -> 64 -> 16 MLP layers; the least-peak
+  round's outputs are checked against `jax.jit`'s at that shape."""
   rng = np.random.RandomState(0)
-  ws = [(jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
-         jnp.asarray(rng.randn(64, 16), jnp.float32) / 8) for _ in range(3)]
+  def weights():
+    return (jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
+            jnp.asarray(rng.randn(64, 16), jnp.float32) / 8)
+  ws = weights() if shared else [weights() for _ in range(3)]
   x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
-  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
-  plain = symmem.analyze(_haiku_named_step(), ws, x, polymorphic_shapes=specs,
-                         constraints=constraints)
-  graph = plain.graph
-  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  kw = dict(polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 256", "b <= 4"))
+  plain = symmem.analyze(make_step(), ws, x, **kw)
+  offered = remat.plan(plain.graph, schedule.schedule(plain.graph).order, layer_groups=True)
+  groups = [g for g in offered.regions if isinstance(g, remat.RegionGroup)]
+  dims = {"b": 4, "s": 256}
+  ckpt = symmem.analyze(make_step(checkpointed=True), ws, x, **kw)
+  floor = min(range(len(plain.rounds)), key=lambda k: plain.round_peak(k, dims))
+  args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
+  got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
+  want = jax.tree_util.tree_leaves(jax.jit(make_step())(*args))
+  for g, w in zip(got, want):
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  return plain, groups, plain.round_peak(floor, dims) / ckpt.round_peak(ckpt.as_written_round, dims)
+
+
+def test_haiku_named_layers_form_groups_and_reach_per_layer_checkpointing():
+  _, groups, reach = _mlp_layers_reach(_haiku_named_step)
   # The unindexed first call is a layer too (the last layer forms no group: its backward
   # comes right after the peak).
-  assert {g.layer for g in offered if isinstance(g, remat.RegionGroup)} == {"block_0", "block_1"}
-  dims = {"b": 4, "s": 256}
-  ckpt = symmem.analyze(_haiku_named_step(checkpointed=True), ws, x, polymorphic_shapes=specs,
-                        constraints=constraints)
-  floor = min(plain.round_peak(k, dims) for k in range(len(plain.rounds)))
-  assert floor <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
+  assert {g.layer for g in groups} == {"block_0", "block_1"}
+  assert reach <= 1.02
 
 
 def _shared_layer_step(checkpointed=False):
@@ -626,28 +640,10 @@ def _shared_layer_step(checkpointed=False):
 
 
 def test_a_module_called_once_per_layer_forms_a_group_per_call():
-  rng = np.random.RandomState(0)
-  ws = (jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
-        jnp.asarray(rng.randn(64, 16), jnp.float32) / 8)
-  x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
-  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
-  plain = symmem.analyze(_shared_layer_step(), ws, x, polymorphic_shapes=specs,
-                         constraints=constraints)
-  graph = plain.graph
-  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  _, groups, reach = _mlp_layers_reach(_shared_layer_step, shared=True)
   # All three calls share the scope "shared_0"; each call but the last is a layer.
-  assert {g.layer for g in offered if isinstance(g, remat.RegionGroup)} == {
-      "shared_0 (call 0)", "shared_0 (call 1)"}
-  dims = {"b": 4, "s": 256}
-  ckpt = symmem.analyze(_shared_layer_step(checkpointed=True), ws, x, polymorphic_shapes=specs,
-                        constraints=constraints)
-  floor = min(range(len(plain.rounds)), key=lambda k: plain.round_peak(k, dims))
-  assert plain.round_peak(floor, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
-  args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
-  got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
-  want = jax.tree_util.tree_leaves(jax.jit(_shared_layer_step())(*args))
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert {g.layer for g in groups} == {"shared_0 (call 0)", "shared_0 (call 1)"}
+  assert reach <= 1.02
 
 
 def _unscoped_layers_step(checkpointed=False):
@@ -664,32 +660,14 @@ def _unscoped_layers_step(checkpointed=False):
 
 
 def test_layers_without_scopes_are_read_from_their_repeated_code():
-  rng = np.random.RandomState(0)
-  ws = [(jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,
-         jnp.asarray(rng.randn(64, 16), jnp.float32) / 8) for _ in range(3)]
-  x = jnp.asarray(rng.randn(2, 8, 16), jnp.float32)
-  specs, constraints = (None, "b, s, _"), ("s <= 256", "b <= 4")
-  plain = symmem.analyze(_unscoped_layers_step(), ws, x, polymorphic_shapes=specs,
-                         constraints=constraints)
-  graph = plain.graph
-  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
-  groups = [g for g in offered if isinstance(g, remat.RegionGroup)]
+  plain, groups, reach = _mlp_layers_reach(_unscoped_layers_step)
   assert {g.layer for g in groups} == {"repeated layer (call 0)", "repeated layer (call 1)"}
   # The calls are the layers, in order: the first group's values are all made before
   # the second's.
   producer = {o: n for n in plain.traced.program.nodes for o in n.outputs}
   made = {g.layer: [producer[r.value].index for r in g.regions] for g in groups}
   assert max(made["repeated layer (call 0)"]) < min(made["repeated layer (call 1)"])
-  dims = {"b": 4, "s": 256}
-  ckpt = symmem.analyze(_unscoped_layers_step(checkpointed=True), ws, x,
-                        polymorphic_shapes=specs, constraints=constraints)
-  floor = min(range(len(plain.rounds)), key=lambda k: plain.round_peak(k, dims))
-  assert plain.round_peak(floor, dims) <= 1.02 * ckpt.round_peak(ckpt.as_written_round, dims)
-  args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
-  got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
-  want = jax.tree_util.tree_leaves(jax.jit(_unscoped_layers_step())(*args))
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  assert reach <= 1.02
 
 
 def test_an_nnx_python_loop_of_layers_reaches_per_layer_nnx_remat():
