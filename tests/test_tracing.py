@@ -447,7 +447,7 @@ def _layers_under_scopes(names, model=None):
 
 def test_layer_calls_split_a_scope_only_where_its_forward_repeats():
   import types
-  from jax_symmem._src.ir import layer_calls
+  from jax_symmem._src.layers import layer_calls
   def nodes(*ops):   # (primitive, scope) pairs, one source line each
     return [types.SimpleNamespace(name=p, source=f"m.py:{k} (f) @ {scope}")
             for p, scope, k in ops]
@@ -473,7 +473,7 @@ def test_layer_calls_split_a_scope_only_where_its_forward_repeats():
 
 def test_layer_calls_without_scopes_read_the_layers_from_the_repeated_run():
   import types
-  from jax_symmem._src.ir import layer_calls
+  from jax_symmem._src.layers import layer_calls
   def nodes(*ops):   # (primitive, source line) pairs, no scope: NNX and Equinox modules
     return [types.SimpleNamespace(name=p, source=f"m.py:{k} (f)") for p, k in ops]
   layer = [("dot_general", 10), ("tanh", 11), ("dot_general", 12), ("add", 13)]
@@ -489,7 +489,7 @@ def test_layer_calls_without_scopes_read_the_layers_from_the_repeated_run():
 
 
 def test_tandem_repeat_equals_brute_force():
-  from jax_symmem._src.ir import _tandem_repeat
+  from jax_symmem._src.layers import _tandem_repeat
   def brute(seq):
     best = (0, 0, 1)
     for p in range(1, len(seq) // 2 + 1):

@@ -49,7 +49,8 @@ from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program, layer_calls, layer_scope, source_label
+from jax_symmem._src.ir import Const, Node, Program, layer_scope, source_label
+from jax_symmem._src.layers import layer_calls
 
 # --- per-primitive rules ------------------------------------------------------------
 
