@@ -611,8 +611,8 @@ def _mlp_layers_reach(make_step, shared=False):
   args = (ws, jnp.asarray(rng.randn(4, 256, 16), jnp.float32))
   got = jax.jit(variants.round_function(plain, floor, dims))(*jax.tree_util.tree_leaves(args))
   want = jax.tree_util.tree_leaves(jax.jit(make_step())(*args))
-  for g, w in zip(got, want):
-    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6)
+  for g, w in zip(got, want):   # a shared weight's gradient sums its calls in another order
+    np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-4 * float(np.abs(w).max()))
   return plain, groups, plain.round_peak(floor, dims) / ckpt.round_peak(ckpt.as_written_round, dims)
 
 
