@@ -263,6 +263,20 @@ def _eqx_scan(g: Geometry = Geometry()) -> Workload:
       lambda: gpt_equinox.init_state(cfg), lambda s: gpt_equinox.example_batch(cfg, g.batch, s))
 
 
+def _eqx_loop(g: Geometry = Geometry()) -> Workload:
+  # The same Equinox GPT with its blocks in a list called in a Python loop (Equinox pushes
+  # no name scopes: the planner reads the layers from the repeated code); per-layer
+  # checkpointing is eqx.filter_checkpoint on each call.
+  from jax_symmem.examples import gpt_equinox
+  cfg = gpt_equinox.GPTConfig(vocab=g.vocab, d_model=g.d_model, n_layers=g.n_layers,
+                              n_heads=g.n_heads, d_ff=4 * g.d_model, max_len=g.lengths[-1])
+  return _token_workload(
+      "eqx_loop", g,
+      lambda policy: gpt_equinox.train_step_fn(cfg, remat_policy=policy, scan_layers=False),
+      lambda: gpt_equinox.init_state(cfg, scan_layers=False),
+      lambda s: gpt_equinox.example_batch(cfg, g.batch, s))
+
+
 def _t5(g: Geometry = Geometry()) -> Workload:
   from jax_symmem.examples import t5
   cfg = t5.PRESETS["small"]   # the CPU tables' T5 (its own vocabulary and head width)
@@ -310,7 +324,7 @@ WORKLOADS = {
     "llama": lambda g=Geometry(): _llama(False, g=g),
     "llama_scan": lambda g=Geometry(): _llama(True, g=g),
     "llama_scan_remat": lambda g=Geometry(): _llama(True, annotated=True, g=g),
-    "nnx_scan": _nnx_scan, "nnx_loop": _nnx_loop, "eqx_scan": _eqx_scan, "gpt2": _gpt2,
+    "nnx_scan": _nnx_scan, "nnx_loop": _nnx_loop, "eqx_scan": _eqx_scan, "eqx_loop": _eqx_loop, "gpt2": _gpt2,
     "gpt2_layerdrop": _gpt2_layerdrop, "gpt2_dropout": _gpt2_dropout,
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),

@@ -1,4 +1,4 @@
-"""An Equinox model (modules as pytrees, layers scanned) under symmem.jit."""
+"""An Equinox model (modules as pytrees, layers scanned or in a Python loop) under symmem.jit."""
 
 from unittest import mock
 
@@ -70,3 +70,35 @@ def test_equinox_per_layer_checkpointing_computes_the_same_step():
   chex.assert_trees_all_close(remat, plain, rtol=1e-5, atol=1e-6)
   with pytest.raises(ValueError, match="remat_policy"):
     gpt_equinox.train_step_fn(CFG, remat_policy="dots")
+
+
+# Slow (16 s): the fast tier reads unscoped layers in tests/test_remat.py
+# (test_layers_without_scopes_are_read_from_their_repeated_code, the NNX loop).
+@pytest.mark.slow
+def test_equinox_blocks_in_a_python_loop_are_layers_under_a_budget():
+  # A list of blocks called in a loop (no scopes: Equinox pushes none) computes the
+  # scanned model's step, its layers are read from the repeated code, and a round that
+  # evicts one whole runs under a budget with jax.jit's numbers.
+  from jax_symmem._src import remat, schedule
+  cfg = gpt_equinox.GPTConfig(vocab=64, d_model=32, n_layers=3, n_heads=2, d_ff=64, max_len=64)
+  fn = gpt_equinox.train_step_fn(cfg, scan_layers=False)
+  state = gpt_equinox.init_state(cfg, scan_layers=False)
+  tokens, mask = gpt_equinox.example_batch(cfg, 4, 64)
+  _, loss = jax.jit(fn)(state, tokens, mask)   # the same weights as scanned: the same loss
+  _, scanned_loss = jax.jit(gpt_equinox.train_step_fn(cfg))(gpt_equinox.init_state(cfg), tokens, mask)
+  chex.assert_trees_all_close(loss, scanned_loss, rtol=1e-6)
+  analysis = symmem.analyze(fn, state, tokens, mask, polymorphic_shapes=SHAPES,
+                            constraints=CONSTRAINTS)
+  graph = analysis.graph
+  offered = remat.plan(graph, schedule.schedule(graph).order, layer_groups=True).regions
+  assert {g.layer for g in offered if isinstance(g, remat.RegionGroup)} == {
+      "repeated layer (call 0)", "repeated layer (call 1)"}
+  dims = {"b": 4, "s": 64}
+  step = symmem.jit(fn, polymorphic_shapes=SHAPES, constraints=CONSTRAINTS,
+                    memory_budget=budgets.tight_budget(analysis, dims, (state, tokens, mask)))
+  with mock.patch.object(jit_lib, "_live_bytes", return_value=0):
+    got = step(state, tokens, mask)
+  assert "fallback" not in step.last_call and step.last_call["round"] > 0
+  (variant,) = step.variants()
+  ref = jax.jit(fn).lower(state, tokens, mask).compile(compiler_options=variant["compiler_options"])
+  chex.assert_trees_all_close(got, ref(state, tokens, mask), rtol=1e-5, atol=1e-6)

@@ -8,7 +8,10 @@ The modules work on one sequence (`eqx.nn.MultiheadAttention`, `eqx.nn.MLP` over
 positions by `jax.vmap`) and the loss vmaps the model over the batch, so the
 program's dots carry the batch as a vmapped dimension rather than a Flax one.
 `remat_policy="layer"` wraps the scanned layer in `eqx.filter_checkpoint`
-(per-layer checkpointing). Needs equinox (`pip install -e ".[experiments]"`).
+(per-layer checkpointing). `scan_layers=False` keeps the layers as a list of blocks
+called in a Python loop instead (the other way Equinox models are written; each
+call under `eqx.filter_checkpoint` for "layer"). Needs equinox (`pip install -e
+".[experiments]"`).
 
     state = init_state(cfg)                      # {"params", "opt_state"}
     step = train_step_fn(cfg)                    # pure (state, tokens, mask) -> (state, loss)
@@ -59,16 +62,19 @@ class Block(eqx.Module):
 class GPT(eqx.Module):
   embedding: eqx.nn.Embedding
   positions: eqx.nn.Embedding
-  layers: Block                # every array with a leading n_layers axis
+  layers: Block | list         # one Block, every array with a leading n_layers axis; or a list
   norm: eqx.nn.LayerNorm
   head: eqx.nn.Linear
 
-  def __init__(self, cfg: GPTConfig, key):
+  def __init__(self, cfg: GPTConfig, key, scan_layers: bool = True):
     k_emb, k_pos, k_layers, k_head = jax.random.split(key, 4)
     self.embedding = eqx.nn.Embedding(cfg.vocab, cfg.d_model, key=k_emb)
     self.positions = eqx.nn.Embedding(cfg.max_len, cfg.d_model, key=k_pos)
-    make_layer = eqx.filter_vmap(lambda k: Block(cfg, k))
-    self.layers = make_layer(jax.random.split(k_layers, cfg.n_layers))
+    keys = jax.random.split(k_layers, cfg.n_layers)
+    if scan_layers:
+      self.layers = eqx.filter_vmap(lambda k: Block(cfg, k))(keys)
+    else:
+      self.layers = [Block(cfg, k) for k in keys]
     self.norm = eqx.nn.LayerNorm(cfg.d_model)
     self.head = eqx.nn.Linear(cfg.d_model, cfg.vocab, use_bias=False, key=k_head)
 
@@ -77,6 +83,13 @@ class GPT(eqx.Module):
     s = tokens.shape[0]
     x = jax.vmap(self.embedding)(tokens) + jax.vmap(self.positions)(jnp.arange(s))
     mask = jnp.tril(jnp.ones((s, s), bool))
+    if isinstance(self.layers, list):   # a Python loop: each layer traced in turn
+      call = lambda block, x: block(x, mask)
+      if remat_policy == "layer":
+        call = eqx.filter_checkpoint(call)
+      for block in self.layers:
+        x = call(block, x)
+      return jax.vmap(self.head)(jax.vmap(self.norm)(x))
     arrays, static = eqx.partition(self.layers, eqx.is_array)
 
     def layer(x, layer_arrays):
@@ -88,23 +101,24 @@ class GPT(eqx.Module):
     return jax.vmap(self.head)(jax.vmap(self.norm)(x))
 
 
-def _split(cfg: GPTConfig, seed: int = 0):
+def _split(cfg: GPTConfig, seed: int = 0, scan_layers: bool = True):
   """(float arrays, the rest): what the step trains, and what it combines them with."""
-  return eqx.partition(GPT(cfg, jax.random.PRNGKey(seed)), eqx.is_inexact_array)
+  return eqx.partition(GPT(cfg, jax.random.PRNGKey(seed), scan_layers), eqx.is_inexact_array)
 
 
-def init_state(cfg: GPTConfig, seed: int = 0, learning_rate: float = 1e-3) -> dict:
+def init_state(cfg: GPTConfig, seed: int = 0, learning_rate: float = 1e-3, *,
+               scan_layers: bool = True) -> dict:
   """{"params", "opt_state"}: the model's float arrays and their AdamW state."""
-  params, _ = _split(cfg, seed)
+  params, _ = _split(cfg, seed, scan_layers)
   return {"params": params, "opt_state": llama.make_optimizer(learning_rate).init(params)}
 
 
 def train_step_fn(cfg: GPTConfig, *, remat_policy: str | None = None,
-                  learning_rate: float = 1e-3) -> Callable:
+                  learning_rate: float = 1e-3, scan_layers: bool = True) -> Callable:
   """The pure `(state, tokens, mask) -> (state, loss)` AdamW step (next-token loss)."""
   if remat_policy not in (None, "layer"):
     raise ValueError(f"remat_policy must be None or 'layer', got {remat_policy!r}")
-  _, static = eqx.filter_eval_shape(_split, cfg)   # the non-array rest: no arrays made
+  _, static = eqx.filter_eval_shape(_split, cfg, 0, scan_layers)   # no arrays made
 
   def loss_fn(params, tokens, mask):
     model = eqx.combine(params, static)
