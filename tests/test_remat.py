@@ -591,10 +591,10 @@ def _haiku_named_step(checkpointed=False):
 
 
 def _mlp_layers_reach(make_step, shared=False):
-  """(analysis, the layer groups its first round offers, its least-peak round at b=4,
-  s=256, and that round's modeled peak over the step's with `jax.checkpoint` on each
-  layer, as written) for a step of three 16 -> 64 -> 16 MLP layers; the least-peak
-  round's outputs are checked against `jax.jit`'s at that shape."""
+  """(analysis, the layer groups its first round offers, and the modeled peak of its
+  least-peak round at b=4, s=256 over the step's with `jax.checkpoint` on each layer, as
+  written) for a step of three 16 -> 64 -> 16 MLP layers; the least-peak round's outputs
+  are checked against `jax.jit`'s at that shape."""
   rng = np.random.RandomState(0)
   def weights():
     return (jnp.asarray(rng.randn(16, 64), jnp.float32) / 4,

@@ -83,21 +83,15 @@ class GPT(eqx.Module):
     s = tokens.shape[0]
     x = jax.vmap(self.embedding)(tokens) + jax.vmap(self.positions)(jnp.arange(s))
     mask = jnp.tril(jnp.ones((s, s), bool))
+    checkpoint = eqx.filter_checkpoint if remat_policy == "layer" else (lambda f: f)
     if isinstance(self.layers, list):   # a Python loop: each layer traced in turn
-      call = lambda block, x: block(x, mask)
-      if remat_policy == "layer":
-        call = eqx.filter_checkpoint(call)
+      call = checkpoint(lambda block, x: block(x, mask))
       for block in self.layers:
         x = call(block, x)
-      return jax.vmap(self.head)(jax.vmap(self.norm)(x))
-    arrays, static = eqx.partition(self.layers, eqx.is_array)
-
-    def layer(x, layer_arrays):
-      return eqx.combine(layer_arrays, static)(x, mask), None
-
-    if remat_policy == "layer":
-      layer = eqx.filter_checkpoint(layer)
-    x, _ = jax.lax.scan(layer, x, arrays)
+    else:
+      arrays, static = eqx.partition(self.layers, eqx.is_array)
+      layer = checkpoint(lambda x, layer_arrays: (eqx.combine(layer_arrays, static)(x, mask), None))
+      x, _ = jax.lax.scan(layer, x, arrays)
     return jax.vmap(self.head)(jax.vmap(self.norm)(x))
 
 
