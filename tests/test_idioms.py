@@ -3,6 +3,8 @@
 One Flax step combines them: float32 master weights with bfloat16 compute,
 `jax.nn.dot_product_attention`, a norm with its own `jax.custom_vjp`, layers under
 `nn.scan` and `nn.remat` with a saving policy, `optax.chain(clip_by_global_norm, adamw)`.
+The same step also runs with MaxText's kind of policy: values tagged with
+`checkpoint_name` and saved by name (`save_only_these_names`).
 bfloat16 makes rounding differences large (round 0 under a budget against plain jax.jit,
 whose XNNPACK fusions differ: AdamW's first moments about 1-2 % of their leaf's largest
 apart on this probe's wider sibling), so the references are jax.jit compiled with the
@@ -16,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from jax.ad_checkpoint import checkpoint_name
 
 import jax_symmem as symmem
 from tests import budgets
@@ -50,20 +53,28 @@ class Block(nn.Module):
   @nn.compact
   def __call__(self, x, _):
     h = rms_norm(x, self.param("attn_norm", nn.initializers.ones, (D,))).astype(jnp.bfloat16)
-    qkv = nn.DenseGeneral((3, HEADS, D // HEADS), dtype=jnp.bfloat16)(h)
+    qkv = checkpoint_name(nn.DenseGeneral((3, HEADS, D // HEADS), dtype=jnp.bfloat16)(h), "qkv")
     attn = jax.nn.dot_product_attention(qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2], is_causal=True)
+    attn = checkpoint_name(attn, "attention")
     x = x + nn.DenseGeneral(D, axis=(-2, -1), dtype=jnp.bfloat16)(attn).astype(jnp.float32)
     h = nn.RMSNorm(dtype=jnp.bfloat16)(x)
     h = jax.nn.gelu(nn.Dense(FF, dtype=jnp.bfloat16)(h))
     return x + nn.Dense(D, dtype=jnp.bfloat16)(h).astype(jnp.float32), None
 
 
+# What each layer's nn.remat saves: dots without batch dims (the weights' products), or
+# MaxText's way, values tagged by name (`checkpoint_name` in `Block`).
+DOTS = jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+NAMED = jax.checkpoint_policies.save_only_these_names("qkv", "attention")
+
+
 class LM(nn.Module):
+  policy: object = DOTS
+
   @nn.compact
   def __call__(self, tokens):
     x = nn.Embed(VOCAB, D)(tokens)
-    layer = nn.remat(Block, policy=jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
-                     prevent_cse=False)
+    layer = nn.remat(Block, policy=self.policy, prevent_cse=False)
     x, _ = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True},
                    length=LAYERS)(name="layers")(x, None)
     return nn.Dense(VOCAB)(nn.RMSNorm()(x))
@@ -72,11 +83,11 @@ class LM(nn.Module):
 _TX = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
 
 
-def train_step(state, tokens, mask):
+def train_step(state, tokens, mask, policy=DOTS):
   params, opt_state = state
 
   def loss_fn(p):
-    logits = LM().apply(p, tokens[:, :-1])
+    logits = LM(policy).apply(p, tokens[:, :-1])
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
     return jnp.sum(losses * mask[:, 1:]) / jnp.maximum(jnp.sum(mask[:, 1:]), 1.0)
 
@@ -131,6 +142,26 @@ def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
                               chex.assert_trees_all_equal)
   assert rounds[0] == 0 != analysis.as_written_round   # the short batch skips the user's
   assert rounds[1] > 0                                 # recomputation, the long one evicts
+
+
+def _named_step(state, tokens, mask):
+  return train_step(state, tokens, mask, policy=NAMED)
+
+
+@pytest.mark.slow
+def test_layers_saving_named_values_run_as_written_or_under_a_budget_like_jax_jit():
+  state = _state()
+  plain = symmem.jit(_named_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)
+  args = (state, *_batch(4, 64))
+  chex.assert_trees_all_equal(plain(*args), jax.jit(_named_step)(*args))
+  assert plain.last_call["round"] == plain.analyze(*args).as_written_round > 0
+  analysis, budget, step = _under_a_tight_budget(
+      _named_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
+  rounds = budgets.rounds_run_within(step, budget, _named_step,
+                              [(state, *_batch(b, s)) for b, s in ((2, 16), (4, 128))],
+                              chex.assert_trees_all_equal)
+  assert rounds[0] == 0 != analysis.as_written_round   # the user's recomputation skipped
+  assert rounds[1] > 0
 
 
 # --- Memory-efficient attention inside scanned layers -------------------------------------------
