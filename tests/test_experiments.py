@@ -1,5 +1,6 @@
 """Helpers the benchmarks report with (experiments/_common.py)."""
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -45,3 +46,15 @@ def test_a_nan_in_one_tree_is_off_and_in_both_is_equal():
   d = _common.deviation(a, b)
   assert d["elements_off"] == 1 and d["worst_leaf"] == np.inf and d["largest_off"] == np.inf
   assert _common.deviation(b, a)["elements_off"] == 1
+
+
+def test_xla_peak_reads_what_xla_holds_at_its_peak():
+  from experiments import xla_peak
+  x = jnp.ones((256, 256), jnp.float32)   # 256 KiB each: the argument, exp(x), the product
+  got = xla_peak.compile_and_read(lambda a: jnp.exp(a) @ a.T, (x,), {}, "exp_dot")
+  assert got["by_op"] == {"arguments": 262144, "exp": 262144, "dot_general": 262144}
+  assert got["peak"] == sum(got["by_op"].values()) == 3 * 262144
+  assert got["footprint"] == _common.xla_memory(jax.jit(lambda a: jnp.exp(a) @ a.T).lower(x)
+                                                .compile())["footprint"]
+  assert got["packing"] == got["footprint"] - got["peak"]
+  assert [size for _, size in got["largest_values"]] == [262144] * 3
