@@ -4,7 +4,8 @@ One Flax step combines them: float32 master weights with bfloat16 compute,
 `jax.nn.dot_product_attention`, a norm with its own `jax.custom_vjp`, layers under
 `nn.scan` and `nn.remat` with a saving policy, `optax.chain(clip_by_global_norm, adamw)`.
 The same step also runs with MaxText's kind of policy: values tagged with
-`checkpoint_name` and saved by name (`save_only_these_names`).
+`checkpoint_name` and saved by name (`save_only_these_names`), and with gradients
+accumulated by `optax.MultiSteps` (the update under a `lax.cond` on the step count).
 bfloat16 makes rounding differences large (round 0 under a budget against plain jax.jit,
 whose XNNPACK fusions differ: AdamW's first moments about 1-2 % of their leaf's largest
 apart on this probe's wider sibling), so the references are jax.jit compiled with the
@@ -83,7 +84,7 @@ class LM(nn.Module):
 _TX = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(1e-3))
 
 
-def train_step(state, tokens, mask, policy=DOTS):
+def train_step(state, tokens, mask, policy=DOTS, tx=_TX):
   params, opt_state = state
 
   def loss_fn(p):
@@ -92,7 +93,7 @@ def train_step(state, tokens, mask, policy=DOTS):
     return jnp.sum(losses * mask[:, 1:]) / jnp.maximum(jnp.sum(mask[:, 1:]), 1.0)
 
   loss, grads = jax.value_and_grad(loss_fn)(params)
-  updates, opt_state = _TX.update(grads, opt_state, params)
+  updates, opt_state = tx.update(grads, opt_state, params)
   return loss, (optax.apply_updates(params, updates), opt_state)
 
 
@@ -162,6 +163,39 @@ def test_layers_saving_named_values_run_as_written_or_under_a_budget_like_jax_ji
                               chex.assert_trees_all_equal)
   assert rounds[0] == 0 != analysis.as_written_round   # the user's recomputation skipped
   assert rounds[1] > 0
+
+
+# optax.MultiSteps: the gradient added into an accumulator every step, the inner update applied
+# (and the accumulator reset) every second one, under a lax.cond.
+_EVERY_SECOND = optax.MultiSteps(_TX, every_k_schedule=2)
+
+
+def _accumulating_step(state, tokens, mask):
+  return train_step(state, tokens, mask, tx=_EVERY_SECOND)
+
+
+@jax.jit
+def _accumulating_state(key):
+  params = LM().init(key, jnp.zeros((1, 8), jnp.int32))
+  return params, _EVERY_SECOND.init(params)
+
+
+@pytest.mark.slow
+def test_multisteps_accumulation_runs_under_a_budget_like_jax_jit():
+  state = _accumulating_state(jax.random.PRNGKey(0))
+  analysis, budget, step = _under_a_tight_budget(
+      _accumulating_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
+  rounds = []
+  for b, s in ((2, 16), (4, 128)):   # the first call accumulates, the second updates
+    args = (state, *_batch(b, s))
+    loss, state = step(*args)
+    assert step.last_call["xla_bytes"] + step.last_call["reserved"] <= budget
+    chex.assert_trees_all_equal((loss, state),
+                                budgets.same_options_reference(step, _accumulating_step, args))
+    rounds.append(step.last_call["round"])
+    del args, loss   # the state before the call counts against the next call's budget
+  assert int(state[1].gradient_step) == 1   # the inner AdamW stepped once, at the second call
+  assert rounds[0] == 0 != analysis.as_written_round and rounds[1] > 0
 
 
 # --- Memory-efficient attention inside scanned layers -------------------------------------------
