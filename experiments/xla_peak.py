@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import pathlib
 import re
 import tempfile
@@ -80,10 +79,11 @@ def compile_and_read(fn, args, options: dict, name: str) -> dict:
   return dict(live, footprint=footprint, packing=footprint - live["peak"])
 
 
-def run(workload: str, length: int, rounds: list[str], d_model: int | None) -> dict:
+def run(workload: str, length: int | None, rounds: list[str], d_model: int | None) -> dict:
   g = bench_models.Geometry() if d_model is None else dataclasses.replace(
       bench_models.Geometry(), d_model=d_model)
   w = bench_models.WORKLOADS[workload](g)
+  length = length or w.lengths[-1]
   state = bench_models._state(w)
   args = (state, *w.batch(length))
   dims = w.dims(length)
@@ -131,11 +131,10 @@ def main(argv=None) -> None:
   ap.add_argument("--out", default=None)
   args = ap.parse_args(argv)
   bench_models.flags.FLAGS(["xla_peak"])   # bench_models' absl flags at their defaults
-  w = bench_models.WORKLOADS[args.workload]()
-  result = run(args.workload, args.length or w.lengths[-1], args.rounds.split(","), args.d_model)
+  result = run(args.workload, args.length, args.rounds.split(","), args.d_model)
   _print(result)
-  out = pathlib.Path(args.out or f"experiments/results/xla_peak_{args.workload}.json")
-  out.write_text(json.dumps(_common.envelope(result), indent=1))
+  out = _common.write_results(
+      args.out or f"experiments/results/xla_peak_{args.workload}.json", result)
   print(f"wrote {out}")
 
 
