@@ -458,6 +458,48 @@ def test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once
 
 
 @pytest.mark.slow   # test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once
+class _PostNormBlock(nn.Module):
+  """BERT's order: the block's output is normalized, and the next block's dense reads it
+  (its weight gradient too, after the peak)."""
+
+  @nn.compact
+  def __call__(self, h):
+    y = nn.Dense(h.shape[-1])(jax.nn.gelu(nn.Dense(32)(h)))
+    return nn.LayerNorm()(h + y)
+
+
+def _post_norm_step(params, x):
+  def loss(p):
+    h = x
+    for i in range(3):
+      h = _PostNormBlock(name=f"layer_{i}").apply({"params": p[f"layer_{i}"]}, h)
+    return jnp.mean(h ** 2)
+  return jax.grad(loss)(params)
+
+
+def test_a_layers_output_that_the_next_layer_reads_is_not_evicted_alone():
+  from jax_symmem._src.ir import layer_scope
+  params = {f"layer_{i}": _PostNormBlock().init(jax.random.PRNGKey(i), jnp.zeros((1, 2, 16)))
+            ["params"] for i in range(3)}
+  traced = symmem.trace(_post_norm_step, params, _randn(0, 2, 8, 16),
+                        polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 256", "b <= 4"))
+  graph = symmem.shape_graph(traced)
+  order = schedule.schedule(graph).order
+  program = traced.program
+  producer = {o: n for n in program.nodes for o in n.outputs}
+  scope = lambda v: layer_scope(producer[v].source)
+  read_by_next = {v for n in program.nodes for v in n.operands
+                  if v in producer and scope(v) not in (None, layer_scope(n.source))
+                  and layer_scope(n.source) is not None}
+  alone = remat.plan(graph, order, layer_groups=False).regions
+  boundaries = {r.value for r in alone} & read_by_next
+  assert boundaries   # each layer's output, live across the peak for the next weight gradient
+  offered = remat.plan(graph, order, layer_groups=True).regions
+  evicted = {r.value for x in offered for r in (x.regions if isinstance(x, remat.GROUPS) else (x,))}
+  assert not evicted & boundaries   # kept, as jax.checkpoint on each layer keeps them
+  assert any(isinstance(x, remat.RegionGroup) for x in offered)
+
+
 def test_rounds_evict_whole_layers_stay_valid_and_compute_what_jax_jit_does():
   from jax_symmem._src.ir import layer_scope
   from jax_symmem.examples import llama

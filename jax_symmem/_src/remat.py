@@ -211,8 +211,13 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   step = node_flops.total(graph, program)
   evictable = sum(size_at(v) for v in candidates)
   through = fenced_originals(program)
+  forward = read_pos <= peak_pos
+  layers = (_layer_reads(program, candidates, producer, read_node[forward], read_val[forward])
+            if layer_groups else None)
   regions = []
   for v, u in candidates.items():
+    if layers is not None and v in layers.next_inputs:
+      continue   # a later layer's input stays, as jax.checkpoint on each layer keeps it
     limit = size_at(v) // 2
     def anchor(a, prefer_recompute):
       """Whether the regeneration of v reads `a` instead of recomputing it."""
@@ -231,9 +236,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     cost = node_flops.cost(graph, [program.nodes[i] for i in nodes])
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
-  if layer_groups:
-    groups = _layer_groups(graph, program, order, candidates, producer, live_at, inputs,
-                           read_node[read_pos <= peak_pos], read_val[read_pos <= peak_pos],
+  if layers is not None:
+    groups = _layer_groups(graph, program, order, candidates, producer, live_at, inputs, layers,
                            node_flops)
     grouped = {r.value for g in groups for r in g.regions}
     regions = [r for r in regions if r.value not in grouped] + groups
@@ -294,8 +298,40 @@ class NodeFlops:
     return total
 
 
-def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, forward_node,
-                  forward_val, node_flops) -> list[RegionGroup]:
+@dataclasses.dataclass(frozen=True)
+class _LayerReads:
+  """Which layer each forward node belongs to, and the candidates other layers read."""
+  layer: collections.abc.Callable[[int], str | None]   # node index -> layer, or None
+  original: tuple[int, ...]        # forward nodes not made by a recomputation
+  read_elsewhere: frozenset[int]   # candidates a forward node of another layer (or none) reads
+  next_inputs: frozenset[int]      # candidates a layer makes and another layer's forward reads
+
+
+def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _LayerReads:
+  """The layers of the forward pass (`ir.layer_scope`, or `layers.layer_calls` where one
+  scope runs once per layer or none names them) and what crosses between them.
+
+  A value a layer makes and a later layer's forward reads is that layer's input: per-layer
+  checkpointing keeps it, and evicted on its own (a layer's output regenerated through the
+  whole layer) it leaves the regenerations of later rounds nothing to start from but the
+  layers before (the record: "A later layer's input stays")."""
+  nodes = program.nodes
+  original = tuple(i for i in set(forward_node.tolist())
+                   if not nodes[i].source.endswith(RECOMPUTED))
+  calls = layer_calls(nodes, set(original), {producer[v] for v in candidates})
+  layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
+  originals = set(original)
+  read_elsewhere, next_inputs = set(), set()
+  for i, v in zip(forward_node.tolist(), forward_val.tolist()):
+    if v in candidates and layer(i) != (made_in := layer(producer[v])):
+      read_elsewhere.add(v)
+      if made_in is not None and layer(i) is not None and i in originals:
+        next_inputs.add(v)
+  return _LayerReads(layer, original, frozenset(read_elsewhere), frozenset(next_inputs))
+
+
+def _layer_groups(graph, program, order, candidates, producer, live_at, inputs,
+                  layers: _LayerReads, node_flops) -> list[RegionGroup]:
   """Each layer's candidates as one `RegionGroup`: the values a layer's forward makes that
   are live across the peak and read by no other layer's forward (what a later layer reads
   is its input and stays, as `jax.checkpoint` on the layer keeps it), each regenerated
@@ -309,15 +345,9 @@ def _layer_groups(graph, program, order, candidates, producer, live_at, inputs, 
   evicted a layer whole, its regenerated values are likewise evicted one at a time."""
   nodes = program.nodes
   position = {n: k for k, n in enumerate(order)}
-  original = [i for i in set(forward_node.tolist()) if not nodes[i].source.endswith(RECOMPUTED)]
-  calls = layer_calls(nodes, set(original), {producer[v] for v in candidates})
-  layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
-  forward = [i for i in original if layer(i) is not None]
+  layer, other_readers = layers.layer, layers.read_elsewhere
+  forward = [i for i in layers.original if layer(i) is not None]
   last = layer(max(forward, key=position.__getitem__)) if forward else None
-  other_readers: set[int] = set()
-  for i, v in zip(forward_node.tolist(), forward_val.tolist()):
-    if v in candidates and layer(i) != layer(producer[v]):
-      other_readers.add(v)
   members: dict[str, list[int]] = {}
   for v in candidates:
     scope = layer(producer[v])
