@@ -457,7 +457,6 @@ def test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once
     np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-6 * float(np.abs(w).max() + 1))
 
 
-@pytest.mark.slow   # test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once
 class _PostNormBlock(nn.Module):
   """BERT's order: the block's output is normalized, and the next block's dense reads it
   (its weight gradient too, after the peak)."""
@@ -500,6 +499,7 @@ def test_a_layers_output_that_the_next_layer_reads_is_not_evicted_alone():
   assert any(isinstance(x, remat.RegionGroup) for x in offered)
 
 
+@pytest.mark.slow   # test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once
 def test_rounds_evict_whole_layers_stay_valid_and_compute_what_jax_jit_does():
   from jax_symmem._src.ir import layer_scope
   from jax_symmem.examples import llama
