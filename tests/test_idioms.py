@@ -12,6 +12,8 @@ apart on this probe's wider sibling), so the references are jax.jit compiled wit
 very XLA options each variant ran with, and the comparison is exact.
 """
 
+import functools
+
 import chex
 import flax.linen as nn
 import jax
@@ -97,10 +99,11 @@ def train_step(state, tokens, mask, policy=DOTS, tx=_TX):
   return loss, (optax.apply_updates(params, updates), opt_state)
 
 
-@jax.jit   # op by op, initializing took 3 s of this module's fast test
-def _init(key):
+# jitted: op by op, initializing took 3 s of this module's fast test
+@functools.partial(jax.jit, static_argnames="tx")
+def _init(key, tx=_TX):
   params = LM().init(key, jnp.zeros((1, 8), jnp.int32))
-  return params, _TX.init(params)
+  return params, tx.init(params)
 
 
 def _state():
@@ -174,15 +177,9 @@ def _accumulating_step(state, tokens, mask):
   return train_step(state, tokens, mask, tx=_EVERY_SECOND)
 
 
-@jax.jit
-def _accumulating_state(key):
-  params = LM().init(key, jnp.zeros((1, 8), jnp.int32))
-  return params, _EVERY_SECOND.init(params)
-
-
 @pytest.mark.slow
 def test_multisteps_accumulation_runs_under_a_budget_like_jax_jit():
-  state = _accumulating_state(jax.random.PRNGKey(0))
+  state = _init(jax.random.PRNGKey(0), tx=_EVERY_SECOND)
   analysis, budget, step = _under_a_tight_budget(
       _accumulating_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
   rounds = []

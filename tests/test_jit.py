@@ -44,6 +44,11 @@ def _budgeted_step(budget):
                     constraints=CONSTRAINTS, memory_budget=budget)
 
 
+def _array_bytes(args) -> int:
+  """What the arrays among `args` hold: the live bytes symmem.jit does not reserve."""
+  return sum(x.nbytes for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array))
+
+
 @functools.lru_cache(maxsize=None)
 def _jax_jit_outputs(b, s):
   """jax.jit's (loss, params) for _args(b, s), compiled once per shape for
@@ -218,8 +223,7 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   monkeypatch.setattr(variants_lib, "compile_round", compile_round)
   # The scripted budget leaves no room for other live arrays: whatever earlier tests in this
   # process still hold must not count (the arguments alone are live).
-  arg_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(_args(4, 128))
-                  if isinstance(x, jax.Array))
+  arg_bytes = _array_bytes(_args(4, 128))
   monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes)
   step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                     constraints=CONSTRAINTS, memory_budget=budget)
@@ -239,7 +243,7 @@ def test_round_0_compiles_as_jax_jit_where_xnnpacks_fusions_fit(monkeypatch):
     pytest.skip("XNNPACK fusions are XLA:CPU's")
   fn = transformer.make_train_step(CFG)
   args, dims = _args(4, 128), {"b": 4, "s": 128}
-  arg_bytes = sum(x.nbytes for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array))
+  arg_bytes = _array_bytes(args)
   live = {"other": 0}   # bytes of arrays other than the arguments
   monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes + live["other"])
   own = jax.jit(fn).lower(*args).compile()   # jax.jit's own: XNNPACK fuses dots and chains

@@ -302,7 +302,7 @@ class NodeFlops:
 class _LayerReads:
   """Which layer each forward node belongs to, and the candidates other layers read."""
   layer: collections.abc.Callable[[int], str | None]   # node index -> layer, or None
-  original: tuple[int, ...]        # forward nodes not made by a recomputation
+  original: frozenset[int]         # forward nodes not made by a recomputation
   read_elsewhere: frozenset[int]   # candidates a forward node of another layer (or none) reads
   next_inputs: frozenset[int]      # candidates a layer makes and another layer's forward reads
 
@@ -316,16 +316,18 @@ def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _L
   whole layer) it leaves the regenerations of later rounds nothing to start from but the
   layers before (the record: "A later layer's input stays")."""
   nodes = program.nodes
-  original = tuple(i for i in set(forward_node.tolist())
-                   if not nodes[i].source.endswith(RECOMPUTED))
-  calls = layer_calls(nodes, set(original), {producer[v] for v in candidates})
+  original = frozenset(i for i in set(forward_node.tolist())
+                       if not nodes[i].source.endswith(RECOMPUTED))
+  calls = layer_calls(nodes, original, {producer[v] for v in candidates})
   layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
-  originals = set(original)
   read_elsewhere, next_inputs = set(), set()
   for i, v in zip(forward_node.tolist(), forward_val.tolist()):
-    if v in candidates and layer(i) != (made_in := layer(producer[v])):
+    if v not in candidates:
+      continue
+    reader, made_in = layer(i), layer(producer[v])
+    if reader != made_in:
       read_elsewhere.add(v)
-      if made_in is not None and layer(i) is not None and i in originals:
+      if reader is not None and made_in is not None and i in original:
         next_inputs.add(v)
   return _LayerReads(layer, original, frozenset(read_elsewhere), frozenset(next_inputs))
 
