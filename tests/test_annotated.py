@@ -208,6 +208,8 @@ def _encoder_step(checkpointed):
   return step
 
 
+# Slow: the Flax annotated tests above undo annotations in the fast tier.
+@pytest.mark.slow
 def test_transformers_style_checkpointed_layers_are_undone_where_memory_allows():
   x, mask = jnp.ones((2, 8, 16)) / 4, jnp.ones((2, 8)).at[1, 6:].set(0.0)
   params = _Encoder().init(jax.random.PRNGKey(0), x, mask)["params"]

@@ -3,6 +3,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import fence
@@ -33,6 +34,8 @@ def test_fenced_order_computes_what_jit_computes_and_keeps_barriers():
   assert "opt-barrier" not in fn.lower(*flat).compile().as_text()
 
 
+# Slow: the mask-in-place test below covers pinned draws in the fast tier.
+@pytest.mark.slow
 def test_pinned_draws_hold_their_counters_only_while_they_run():
   """A planned round pins its large random draws where its order puts them: XLA can no
   longer compute a draw's first counters as soon as the key is ready and hold them until

@@ -117,6 +117,8 @@ def _batch(b, s):
           jnp.asarray(np.arange(s)[None] < lengths, jnp.float32))
 
 
+# Slow: test_xla_buffers' bfloat16 Flax step covers mixed precision in the fast tier.
+@pytest.mark.slow
 def test_mixed_precision_step_without_a_budget_is_jax_jit():
   state = _state()
   step = symmem.jit(train_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)

@@ -238,6 +238,8 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   assert runs[2][0] == refined and runs[2][1]["compiles"] == 3 + runs[2][1]["refinements"] - 1
 
 
+# XNNPACK's fusion check compiles every round: slow; the other test_jit tests cover round 0 fast.
+@pytest.mark.slow
 def test_round_0_compiles_as_jax_jit_where_xnnpacks_fusions_fit(monkeypatch):
   if jax.devices()[0].platform != "cpu":
     pytest.skip("XNNPACK fusions are XLA:CPU's")

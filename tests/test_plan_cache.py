@@ -320,6 +320,8 @@ def _set_param_text():
   return tracing.program_text(jaxpr)
 
 
+# Three processes: slow; the restart test below reuses a plan across two hash seeds fast.
+@pytest.mark.slow
 def test_the_key_is_the_same_in_another_process():
   child = ("import sys; from tests import test_plan_cache as t; "
            "sys.stdout.write('key=' + t._rich_key() + ' ' + t._set_param_text())")

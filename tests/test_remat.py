@@ -561,6 +561,8 @@ def _dropout_step(params, x, key):
   return value, jax.tree_util.tree_map(lambda p, g: p - 0.1 * g, params, grads)
 
 
+# Every round of the dropout step: slow; the dropout budget test below stays fast.
+@pytest.mark.slow
 def test_dropout_masks_are_regenerated_from_their_keys_and_every_round_equals_jax_jit():
   # jax.random's ops are functions of their key: a regeneration may run them again (as
   # jax.checkpoint does) and gets the same bits, so the masks need not stay resident.
@@ -712,6 +714,8 @@ def test_layers_without_scopes_are_read_from_their_repeated_code():
   assert reach <= 1.02
 
 
+# Slow: the layer-group test above covers whole-layer eviction in the fast tier.
+@pytest.mark.slow
 def test_an_nnx_python_loop_of_layers_reaches_per_layer_nnx_remat():
   """Flax NNX pushes no name scopes: its layers come from the repeated code."""
   from flax import nnx
