@@ -4,7 +4,8 @@ One Flax step combines them: float32 master weights with bfloat16 compute,
 `jax.nn.dot_product_attention`, a norm with its own `jax.custom_vjp`, layers under
 `nn.scan` and `nn.remat` with a saving policy, `optax.chain(clip_by_global_norm, adamw)`.
 The same step also runs with MaxText's kind of policy: values tagged with
-`checkpoint_name` and saved by name (`save_only_these_names`), and with gradients
+`checkpoint_name` and saved by name (`save_only_these_names`) or offloaded to host memory
+(`save_and_offload_only_these_names`), and with gradients
 accumulated by `optax.MultiSteps` (the update under a `lax.cond` on the step count).
 bfloat16 makes rounding differences large (round 0 under a budget against plain jax.jit,
 whose XNNPACK fusions differ: AdamW's first moments about 1-2 % of their leaf's largest
@@ -150,20 +151,32 @@ def test_mixed_precision_step_under_a_budget_matches_jax_jit_with_its_options():
   assert rounds[1] > 0                                 # recomputation, the long one evicts
 
 
+# MaxText's offloading policy: "qkv" saved, "attention" copied to host memory (on XLA:CPU
+# the host is the same memory, and XLA counts it as before).
+OFFLOADED = jax.checkpoint_policies.save_and_offload_only_these_names(
+    names_which_can_be_saved=["qkv"], names_which_can_be_offloaded=["attention"],
+    offload_src="device", offload_dst="pinned_host")
+
+
 def _named_step(state, tokens, mask):
   return train_step(state, tokens, mask, policy=NAMED)
 
 
+def _offloading_step(state, tokens, mask):
+  return train_step(state, tokens, mask, policy=OFFLOADED)
+
+
 @pytest.mark.slow
-def test_layers_saving_named_values_run_as_written_or_under_a_budget_like_jax_jit():
+@pytest.mark.parametrize("fn", [_named_step, _offloading_step], ids=["saved", "offloaded"])
+def test_layers_saving_named_values_run_as_written_or_under_a_budget_like_jax_jit(fn):
   state = _state()
-  plain = symmem.jit(_named_step, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)
+  plain = symmem.jit(fn, polymorphic_shapes=(None, *SHAPES), constraints=CONSTRAINTS)
   args = (state, *_batch(4, 64))
-  chex.assert_trees_all_equal(plain(*args), jax.jit(_named_step)(*args))
+  chex.assert_trees_all_equal(plain(*args), jax.jit(fn)(*args))
   assert plain.last_call["round"] == plain.analyze(*args).as_written_round > 0
   analysis, budget, step = _under_a_tight_budget(
-      _named_step, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
-  rounds = budgets.rounds_run_within(step, budget, _named_step,
+      fn, (state, *_batch(4, 128)), CONSTRAINTS, {"b": 4, "s": 128, "k": 16})
+  rounds = budgets.rounds_run_within(step, budget, fn,
                               [(state, *_batch(b, s)) for b, s in ((2, 16), (4, 128))],
                               chex.assert_trees_all_equal)
   assert rounds[0] == 0 != analysis.as_written_round   # the user's recomputation skipped
