@@ -1,6 +1,7 @@
 """How many compiles `symmem.jit` needs to reach a variant that fits, over every budget.
 
   python -m experiments.bench_recompile [--workloads=llama,t5] [--out PATH]   (bench_models' flags)
+  python -m experiments.bench_recompile --third_party=bert,bart [--out PATH]   (transformers' models)
   python -m experiments.bench_recompile --replay experiments/results/bench_recompile.json
       [--figure=modeled]   # replay deciding by the modeled peak (files that record it)
       [--figure=today]     # ... by symmem.jit's figure computed today for the same plans
@@ -43,6 +44,9 @@ from jax_symmem._src import variants
 # --workloads and --out are bench_models' flags (imported above); --out's default here:
 flags.FLAGS.set_default("out", "experiments/results/bench_recompile.json")
 REPLAY = flags.DEFINE_string("replay", None, "replay the search on this results file only")
+THIRD_PARTY = flags.DEFINE_list("third_party", None,
+                                "measure these models of experiments.third_party instead "
+                                "(transformers' and Haiku's; their two longer lengths, b=4)")
 FIGURE = flags.DEFINE_enum("figure", "dispatch", ["dispatch", "modeled", "today"],
                            "the figure the replayed search decides by: symmem.jit's as "
                            "recorded (the predicted footprint), the op-by-op modeled peak "
@@ -69,9 +73,39 @@ def figures(w, analysis) -> dict:
   return out
 
 
+def third_party_figures(name: str) -> tuple[dict, dict]:
+  """`figures` and `roles` of an `experiments.third_party` model, planned as its run plans it."""
+  import numpy as np   # noqa: PLC0415 - the third-party models load only when asked for
+  import jax_symmem as symmem   # noqa: PLC0415
+  from experiments import third_party   # noqa: PLC0415
+  from jax_symmem.examples import llama   # noqa: PLC0415
+  m = third_party.MODELS[name]()
+  params = m["init"](jax.random.PRNGKey(0))
+  state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
+  step_fn = llama.adamw_train_step(m["loss_fn"])
+  lengths = m.get("lengths", third_party.LENGTHS)
+  batch = lambda s: m["batch"](third_party.BATCH, s, np.random.RandomState(0))
+  analysis = symmem.analyze(step_fn, state, *batch(lengths[0]),
+                            polymorphic_shapes=m["shapes"], constraints=m["constraints"])
+  out = {}
+  for s in lengths[1:]:
+    dims, args = m["dims"](third_party.BATCH, s), (state, *batch(s))
+    rows = []
+    for k in range(len(analysis.rounds)):
+      exe, _ = bench_models._compile_round(analysis, k, dims, args)
+      rows.append((k, analysis.dispatch_figure(k, dims), bench_models._footprint(exe),
+                   analysis.round_peak(k, dims)))
+    print(f"{name} s={s}: " + " ".join(f"{k}:{p / 2**20:.0f}/{x / 2**20:.0f}"
+                                        for k, p, x, _ in rows), flush=True)
+    out[str(s)] = rows
+  return out, roles(analysis)
+
+
 def today(name: str, lengths: dict) -> dict:
   """Recorded rows with the figure symmem.jit decides by computed today (the XLA figures
   stay as measured: the plans must be the ones they were measured on)."""
+  if name not in bench_models.WORKLOADS:
+    raise SystemExit(f"{name}: --figure=today replans bench_models' workloads only")
   w = bench_models.WORKLOADS[name]()
   analysis = bench_models._analysis(w)
   out = {}
@@ -204,9 +238,13 @@ def main(argv):
     _common.write_results(bench_models.OUT.value, out)
     print(f"wrote {bench_models.OUT.value}")
     return
-  names = bench_models.WORKLOADS_FLAG.value or list(bench_models.WORKLOADS)
   table, table_roles = {}, {}
-  for name in names:
+  if THIRD_PARTY.value:
+    for name in THIRD_PARTY.value:
+      table[name], table_roles[name] = third_party_figures(name)
+      jax.clear_caches()
+  for name in [] if THIRD_PARTY.value else (
+      bench_models.WORKLOADS_FLAG.value or list(bench_models.WORKLOADS)):
     w = bench_models.WORKLOADS[name]()
     analysis = bench_models._analysis(w)
     table[name], table_roles[name] = figures(w, analysis), roles(analysis)

@@ -179,7 +179,8 @@ def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
   assert last >= 2   # a round besides the last and round 0 to search
   compiled = [int(k) for k in re.search(r"rounds compiled: ([\d, ]+)\)", str(e.value))[1].split(", ")]
   assert {last, 0} <= set(compiled) and info["compiles"] == len(compiled)
-  assert 2 <= info["compiles"] <= 1 + jit_lib.MAX_RECOMPILES and info["budget_errors"] == 1
+  # The capped search, and round 0 after it where no ratio put it within the budget.
+  assert 2 <= info["compiles"] <= 2 + jit_lib.MAX_RECOMPILES and info["budget_errors"] == 1
   assert info["recompiles"] == info["compiles"] - 1   # counted although the call raised
   with pytest.raises(symmem.BudgetError):   # refused again without compiling again
     step(*args)

@@ -260,9 +260,12 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
   then while XLA reports the last one over budget, `next_round`, else the planner's
   last round, then the step as written (round `as_written`: what jax.jit compiles, round
   0 unless the step has jax.checkpoint regions; XLA may fit it where the model says no,
-  and a step that jax.jit runs is never refused), then the other rounds by increasing
+  and a step that jax.jit runs is never refused) where the model or the most favourable
+  XLA/model ratio seen here puts it within the budget, then the other rounds by increasing
   modeled peak (the model can overestimate one round and not another: no BudgetError
-  before they are tried), at most `max_recompiles` more. Only where none of those fits,
+  before they are tried), at most `max_recompiles` more. The step as written that
+  neither puts within the budget (round 0 of a step without annotations, once a round
+  has come out over) comes after those, before a refusal. Only where none of those fits,
   the rounds still predicted to fit by the most favourable XLA/model ratio seen here
   (`_before_refusing`, after the planner's last round and the step as written where the
   capped search did not reach them), so that a refusal is not for want of trying a round
@@ -287,10 +290,17 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
       return compiled + _before_refusing(peaks, compiled, xla_bytes, fits, (last, as_written))
     tried = {j for j, _ in compiled}
     nxt = next_round(peaks, k, size, predicted, tried, fits)
-    if nxt is None and {last, as_written} <= tried:
-      nxt = min((j for j in range(len(peaks)) if j not in tried),
+    # The step as written early only where the model or the most favourable XLA/model
+    # ratio seen here puts it within the budget (it is another program than the
+    # planner's rounds: a ratio measured on them need not carry over), else after the
+    # rounds that may fit (jax.jit's program far over the budget: BERT's 121.6 MiB under
+    # 64.2, tests/test_variants.py), before a refusal.
+    best = min(1.0, *(x / max(1, peaks[j]) for j, x in compiled))
+    early = (last, as_written) if fits(math.ceil(best * peaks[as_written])) else (last,)
+    if nxt is None and set(early) <= tried:
+      nxt = min((j for j in range(len(peaks)) if j not in tried and j != as_written),
                 key=lambda j: (peaks[j], j), default=None)
-    nxt = next((j for j in (nxt, last, as_written) if j is not None and j not in tried), None)
+    nxt = next((j for j in (nxt, *early, as_written) if j is not None and j not in tried), None)
     if nxt is None:
       return compiled
     predicted = size / max(1, peaks[k]) * peaks[nxt]
@@ -312,13 +322,19 @@ def _before_refusing(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
   here beyond those two rounds (even the best ratio puts the others over), so the
   common refusal stays quick.
   """
-  best = min(size / max(1, peaks[k]) for k, size in compiled)
   tried = {k for k, _ in compiled}
-  first = [j for j in dict.fromkeys(always) if j not in tried]
-  candidates = sorted((int(best * peaks[j]), j) for j in range(len(peaks))
-                      if j not in tried and j not in first and fits(int(best * peaks[j])))
   more: list[tuple[int, int]] = []
-  for j in first + [j for _, j in candidates]:
+  for j in dict.fromkeys(always):
+    if j not in tried:
+      more.append((j, xla_bytes(j)))
+      if fits(more[-1][1]):
+        return more
+  # The ratio of every round compiled here, those just compiled too.
+  best = min(size / max(1, peaks[k]) for k, size in [*compiled, *more])
+  tried |= {k for k, _ in more}
+  candidates = sorted((int(best * peaks[j]), j) for j in range(len(peaks))
+                      if j not in tried and fits(int(best * peaks[j])))
+  for _, j in candidates:
     more.append((j, xla_bytes(j)))
     if fits(more[-1][1]):
       break
