@@ -16,7 +16,9 @@ recomputation back next to the original or merge the two (with
 `cse_barrier_expander` disabled, DESIGN.md F1). As JAX's own remat fences a
 layer's recomputation with the cotangent flowing into it, the trigger is a value
 the backward computes late (the deepest one still read from the consumer on), and
-those later reads take its fenced copy, so XLA's simplifier cannot drop it.
+those later reads take its fenced copy, so XLA's simplifier cannot drop it. Where a
+later round leaves that copy read by dead code only (the producer of a value it
+evicts), the fence takes a new trigger (`_revive_triggers`).
 Regions with the same consumer share one barrier and one recomputation: a node
 two of them need is recomputed once.
 
@@ -120,6 +122,9 @@ GROUPS = (RegionGroup, loop_remat.ResidualGroup)
 # alone, the groups ranked behind them (the model credits values XLA fuses away) and the
 # Llama never took one. JAX_SYMMEM_LAYER_GROUPS=0 turns them off (the plans before ff9f0e9).
 LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "1") != "0"
+# A fence whose trigger copy only dead code reads takes a new trigger (`_revive_triggers`);
+# JAX_SYMMEM_REVIVE_TRIGGERS=0 leaves it as chosen (the plans before 2026-12-05 evening).
+REVIVE_TRIGGERS = os.environ.get("JAX_SYMMEM_REVIVE_TRIGGERS", "1") != "0"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -694,7 +699,102 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
     n = nodes[i]
     nodes[i] = dataclasses.replace(n, inputs=tuple(
         x if isinstance(x, Const) else ren.get(x, x) for x in n.inputs))
-  return Program(program.inputs, tuple(nodes), program.outputs, avals), tuple(order), tuple(blocks)
+  rewritten = Program(program.inputs, tuple(nodes), program.outputs, avals)
+  if REVIVE_TRIGGERS:
+    rewritten = _revive_triggers(rewritten, order)
+  return rewritten, tuple(order), tuple(blocks)
+
+
+
+def _live_nodes(program: Program) -> np.ndarray:
+  """Whether each node contributes to the outputs (or has effects): what XLA keeps."""
+  producer = {o: n for n in program.nodes for o in n.outputs}
+  live = np.zeros(len(program.nodes), bool)
+  stack = [x for x in program.outputs if not isinstance(x, Const)]
+  stack += [x for n in program.nodes if n.effects for x in n.operands]
+  for n in program.nodes:
+    if n.effects:
+      live[n.index] = True
+  while stack:
+    n = producer.get(stack.pop())
+    if n is not None and not live[n.index]:
+      live[n.index] = True
+      stack.extend(n.operands)
+  return live
+
+
+def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
+  """`program` with a new trigger for each fence whose trigger copy no live node reads.
+
+  A later round can evict the value a fence's trigger copy was read for: its producer
+  is then dead code, XLA's algebraic simplifier drops the unread element of the
+  optimization barrier, and the fence, left with anchors the forward pass makes, lets
+  XLA run the recomputation as early as it likes and hold its result (transformers'
+  BERT at s=512: a 16 MiB probability tensor held from the forward pass to the
+  backward, 78.1 MiB by XLA where the prediction said 61.0). Such a fence takes one
+  more element: the deepest value made before it that a live node reads after it
+  (`_Triggers`' rule), whose later live reads take the new copy. The old element stays
+  (dead nodes may still name it; XLA drops it)."""
+  live = _live_nodes(program)
+  fences = [n for n in program.nodes if live[n.index] and n.name == "optimization_barrier"
+            and n.source.startswith(FENCE_SOURCE)]
+  if not fences:
+    return program
+  read_node, read_val = program.reads
+  last = np.fromiter((f.outputs[-1] for f in fences), np.int64, len(fences))
+  hit = np.isin(read_val, last) & live[read_node]
+  read = set(read_val[hit].tolist())
+  nodes, avals = list(program.nodes), dict(program.avals)
+  position = np.empty(len(nodes), np.int64)
+  position[np.asarray(order, np.int64)] = np.arange(len(order))
+  broken = sorted((f.index for f in fences if f.outputs[-1] not in read),
+                  key=position.__getitem__)
+  if not broken:
+    return program
+  readers: dict[int, list[int]] = {}
+  for n in nodes:
+    if live[n.index]:
+      for x in n.operands:
+        readers.setdefault(x, []).append(n.index)
+  depth: dict[int, int] = {}
+  for i in order:
+    n = nodes[i]
+    d = max((depth.get(x, 0) for x in n.operands), default=0) + 1
+    for o in n.outputs:
+      depth[o] = d
+  made = {o: position[n.index] for n in nodes for o in n.outputs}
+  next_id = program.max_id() + 1
+  for b in broken:
+    fence = nodes[b]
+    k = position[b]
+    skip = set(fence.operands)
+    best = None
+    for v, at in made.items():
+      if at >= k or v in skip or nodes[int(order[at])].name in NOT_A_TRIGGER:
+        continue
+      if not any(position[r] > k for r in readers.get(v, ())):
+        continue
+      key = (depth[v], -at)
+      if best is None or key > best[0]:
+        best = (key, v)
+    if best is None:
+      continue
+    v = best[1]
+    copy = next_id
+    next_id += 1
+    avals[copy] = avals[v]
+    nodes[b] = dataclasses.replace(fence, inputs=fence.inputs + (v,),
+                                   outputs=fence.outputs + (copy,))
+    later = [r for r in readers.get(v, ()) if position[r] > k]
+    for r in set(later):
+      n = nodes[r]
+      nodes[r] = dataclasses.replace(n, inputs=tuple(
+          copy if x == v else x for x in n.inputs))
+    readers[v] = [r for r in readers[v] if position[r] <= k] + [b]
+    readers[copy] = later
+    made[copy] = k
+    depth[copy] = depth[v] + 1
+  return Program(program.inputs, tuple(nodes), program.outputs, avals)
 
 
 # --- rounds: evict at the peak, re-plan at the new peak -----------------------------------
@@ -722,7 +822,7 @@ class Round:
 def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
   """Each value a block added -> the value it copies: fenced anchors are their
   anchors, a clone's outputs are the originals' (for `ShapeGraph.extended`)."""
-  copies = {}
+  copies = dict(fenced_originals(program))   # a fence `_revive_triggers` extended too
   for b in blocks:
     fence = program.nodes[b.barrier]
     copies.update(zip(fence.outputs, fence.inputs))
