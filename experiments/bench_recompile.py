@@ -59,18 +59,20 @@ def figures(w, analysis) -> dict:
   the workload's two longer lengths. The figure is `Analysis.dispatch_figure`: the predicted
   footprint, or with JAX_SYMMEM_XLA_BUFFERS=0 the modeled peak (files before 2026-12-02
   hold (round, modeled peak, XLA footprint))."""
-  out = {}
-  for s in w.lengths[1:]:
-    dims, args = w.dims(s), (w.state(), *w.batch(s))
-    rows = []
-    for k in range(len(analysis.rounds)):
-      exe, _ = bench_models._compile_round(analysis, k, dims, args)
-      rows.append((k, analysis.dispatch_figure(k, dims), bench_models._footprint(exe),
-                   analysis.round_peak(k, dims)))
-    print(f"{w.name} s={s}: " + " ".join(f"{k}:{m / 2**20:.0f}/{x / 2**20:.0f}"
-                                         for k, m, x, _ in rows), flush=True)
-    out[str(s)] = rows
-  return out
+  return {str(s): _rows(analysis, f"{w.name} s={s}", w.dims(s), (w.state(), *w.batch(s)))
+          for s in w.lengths[1:]}
+
+
+def _rows(analysis, label: str, dims, args) -> list[tuple[int, int, int, int]]:
+  """Every round at dims, compiled as symmem.jit compiles it under a budget: `figures`' rows."""
+  rows = []
+  for k in range(len(analysis.rounds)):
+    exe, _ = bench_models._compile_round(analysis, k, dims, args)
+    rows.append((k, analysis.dispatch_figure(k, dims), bench_models._footprint(exe),
+                 analysis.round_peak(k, dims)))
+  print(f"{label}: " + " ".join(f"{k}:{p / 2**20:.0f}/{x / 2**20:.0f}" for k, p, x, _ in rows),
+        flush=True)
+  return rows
 
 
 def third_party_figures(name: str) -> tuple[dict, dict]:
@@ -87,17 +89,8 @@ def third_party_figures(name: str) -> tuple[dict, dict]:
   batch = lambda s: m["batch"](third_party.BATCH, s, np.random.RandomState(0))
   analysis = symmem.analyze(step_fn, state, *batch(lengths[0]),
                             polymorphic_shapes=m["shapes"], constraints=m["constraints"])
-  out = {}
-  for s in lengths[1:]:
-    dims, args = m["dims"](third_party.BATCH, s), (state, *batch(s))
-    rows = []
-    for k in range(len(analysis.rounds)):
-      exe, _ = bench_models._compile_round(analysis, k, dims, args)
-      rows.append((k, analysis.dispatch_figure(k, dims), bench_models._footprint(exe),
-                   analysis.round_peak(k, dims)))
-    print(f"{name} s={s}: " + " ".join(f"{k}:{p / 2**20:.0f}/{x / 2**20:.0f}"
-                                        for k, p, x, _ in rows), flush=True)
-    out[str(s)] = rows
+  out = {str(s): _rows(analysis, f"{name} s={s}", m["dims"](third_party.BATCH, s), (state, *batch(s)))
+         for s in lengths[1:]}
   return out, roles(analysis)
 
 
