@@ -123,7 +123,7 @@ GROUPS = (RegionGroup, loop_remat.ResidualGroup)
 # Llama never took one. JAX_SYMMEM_LAYER_GROUPS=0 turns them off (the plans before ff9f0e9).
 LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "1") != "0"
 # A fence whose trigger copy only dead code reads takes a new trigger (`_revive_triggers`);
-# JAX_SYMMEM_REVIVE_TRIGGERS=0 leaves it as chosen (the plans before 2026-12-05 evening).
+# JAX_SYMMEM_REVIVE_TRIGGERS=0 leaves it as chosen (the plans before 5a34ec7).
 REVIVE_TRIGGERS = os.environ.get("JAX_SYMMEM_REVIVE_TRIGGERS", "1") != "0"
 
 
@@ -703,7 +703,6 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   if REVIVE_TRIGGERS:
     rewritten = _revive_triggers(rewritten, order)
   return rewritten, tuple(order), tuple(blocks)
-
 
 
 def _live_nodes(program: Program) -> np.ndarray:
