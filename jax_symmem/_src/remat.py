@@ -550,9 +550,11 @@ class _Triggers:
   consumer and read at it or later, the one with the longest chain back to the inputs
   (late in the backward pass: XLA cannot compute it early, as JAX's remat waits for
   the cotangent); the first such in `order` on a tie. Positions are in `order`, which
-  inserting blocks never reorders; `at` is asked about positions up to `end` only."""
+  inserting blocks never reorders; `at` is asked about positions up to `end` only.
+  `live` (per node): count only the reads of nodes XLA keeps (`_revive_triggers`)."""
 
-  def __init__(self, program: Program, order: Sequence[int], end: int):
+  def __init__(self, program: Program, order: Sequence[int], end: int,
+               live: np.ndarray | None = None):
     # Where each value is last read (numpy), its depth (the longest chain of nodes
     # back to the program's inputs: one pass in order, up to `end`: a value made later
     # is never a trigger there), and the values a trigger may be.
@@ -560,6 +562,8 @@ class _Triggers:
     node_pos = np.empty(n, np.int64)
     node_pos[np.asarray(order, np.int64)] = np.arange(n)
     read_node, read_val = program.reads
+    if live is not None:
+      read_node, read_val = read_node[live[read_node]], read_val[live[read_node]]
     write_node, write_val = program.writes
     ids = max(int(read_val.max(initial=-1)), int(write_val.max(initial=-1)),
               max(program.inputs, default=-1)) + 1
@@ -731,9 +735,9 @@ def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
   XLA run the recomputation as early as it likes and hold its result (transformers'
   BERT at s=512: a 16 MiB probability tensor held from the forward pass to the
   backward, 78.1 MiB by XLA where the prediction said 61.0). Such a fence takes one
-  more element: the deepest value made before it that a live node reads after it
-  (`_Triggers`' rule), whose later live reads take the new copy. The old element stays
-  (dead nodes may still name it; XLA drops it)."""
+  more element: the trigger `_Triggers` picks there among the reads of live nodes,
+  whose later live reads take the new copy. The old element stays (dead nodes may
+  still name it; XLA drops it)."""
   live = _live_nodes(program)
   fences = [n for n in program.nodes if live[n.index] and n.name == "optimization_barrier"
             and n.source.startswith(FENCE_SOURCE)]
@@ -741,59 +745,27 @@ def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
     return program
   read_node, read_val = program.reads
   last = np.fromiter((f.outputs[-1] for f in fences), np.int64, len(fences))
-  hit = np.isin(read_val, last) & live[read_node]
-  read = set(read_val[hit].tolist())
-  nodes, avals = list(program.nodes), dict(program.avals)
-  position = np.empty(len(nodes), np.int64)
+  read = set(read_val[np.isin(read_val, last) & live[read_node]].tolist())
+  position = np.empty(len(program.nodes), np.int64)
   position[np.asarray(order, np.int64)] = np.arange(len(order))
-  broken = sorted((f.index for f in fences if f.outputs[-1] not in read),
-                  key=position.__getitem__)
-  if not broken:
-    return program
-  readers: dict[int, list[int]] = {}
-  for n in nodes:
-    if live[n.index]:
-      for x in n.operands:
-        readers.setdefault(x, []).append(n.index)
-  depth: dict[int, int] = {}
-  for i in order:
-    n = nodes[i]
-    d = max((depth.get(x, 0) for x in n.operands), default=0) + 1
-    for o in n.outputs:
-      depth[o] = d
-  made = {o: position[n.index] for n in nodes for o in n.outputs}
-  next_id = program.max_id() + 1
-  for b in broken:
-    fence = nodes[b]
-    k = position[b]
-    skip = set(fence.operands)
-    best = None
-    for v, at in made.items():
-      if at >= k or v in skip or nodes[int(order[at])].name in NOT_A_TRIGGER:
-        continue
-      if not any(position[r] > k for r in readers.get(v, ())):
-        continue
-      key = (depth[v], -at)
-      if best is None or key > best[0]:
-        best = (key, v)
-    if best is None:
+  for b in sorted((f.index for f in fences if f.outputs[-1] not in read),
+                  key=position.__getitem__):   # in order: each sees the copies made before
+    fence, k = program.nodes[b], position[b]
+    v = _Triggers(program, order, len(order), live).at(k, fence.operands)
+    if v is None:
       continue
-    v = best[1]
-    copy = next_id
-    next_id += 1
-    avals[copy] = avals[v]
+    copy = program.max_id() + 1
+    read_node, read_val = program.reads
+    later = set(read_node[(read_val == v) & live[read_node] & (position[read_node] > k)].tolist())
+    nodes = list(program.nodes)
     nodes[b] = dataclasses.replace(fence, inputs=fence.inputs + (v,),
                                    outputs=fence.outputs + (copy,))
-    later = [r for r in readers.get(v, ()) if position[r] > k]
-    for r in set(later):
-      n = nodes[r]
-      nodes[r] = dataclasses.replace(n, inputs=tuple(
-          copy if x == v else x for x in n.inputs))
-    readers[v] = [r for r in readers[v] if position[r] <= k] + [b]
-    readers[copy] = later
-    made[copy] = k
-    depth[copy] = depth[v] + 1
-  return Program(program.inputs, tuple(nodes), program.outputs, avals)
+    for r in later:
+      nodes[r] = dataclasses.replace(nodes[r], inputs=tuple(
+          copy if x == v else x for x in nodes[r].inputs))
+    program = Program(program.inputs, tuple(nodes), program.outputs,
+                      {**program.avals, copy: program.avals[v]})
+  return program
 
 
 # --- rounds: evict at the peak, re-plan at the new peak -----------------------------------
@@ -819,12 +791,11 @@ class Round:
 
 
 def _copies(program: Program, blocks: Sequence[Block]) -> dict[int, int]:
-  """Each value a block added -> the value it copies: fenced anchors are their
-  anchors, a clone's outputs are the originals' (for `ShapeGraph.extended`)."""
-  copies = dict(fenced_originals(program))   # a fence `_revive_triggers` extended too
+  """Each value a fence or a block added -> the value it copies: a fence's outputs are
+  its inputs (every fence's: `_revive_triggers` may extend an earlier round's), a
+  clone's outputs are the originals' (for `ShapeGraph.extended`)."""
+  copies = fenced_originals(program)
   for b in blocks:
-    fence = program.nodes[b.barrier]
-    copies.update(zip(fence.outputs, fence.inputs))
     for i, j in zip(b.clones, b.region.nodes):   # clones in the region's node order
       copies.update(zip(program.nodes[i].outputs, program.nodes[j].outputs))
   for v in copies:   # a trigger fenced twice in one round: a copy of the original
