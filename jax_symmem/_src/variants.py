@@ -295,7 +295,7 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
     # planner's rounds: a ratio measured on them need not carry over), else after the
     # rounds that may fit (jax.jit's program far over the budget: BERT's 121.6 MiB under
     # 64.2, tests/test_variants.py), before a refusal.
-    best = min(1.0, *(x / max(1, peaks[j]) for j, x in compiled))
+    best = min(1.0, _best_ratio(peaks, compiled))
     early = (last, as_written) if fits(math.ceil(best * peaks[as_written])) else (last,)
     if nxt is None and set(early) <= tried:
       nxt = min((j for j in range(len(peaks)) if j not in tried and j != as_written),
@@ -305,6 +305,11 @@ def search_rounds(peaks: Sequence[int], k: int, predicted: float,
       return compiled
     predicted = size / max(1, peaks[k]) * peaks[nxt]
     k = nxt
+
+
+def _best_ratio(peaks: Sequence[int], compiled: Iterable[tuple[int, int]]) -> float:
+  """The most favourable XLA/model ratio among the rounds compiled [(round, XLA's figure)]."""
+  return min(size / max(1, peaks[k]) for k, size in compiled)
 
 
 def _before_refusing(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
@@ -330,7 +335,7 @@ def _before_refusing(peaks: Sequence[int], compiled: Sequence[tuple[int, int]],
       if fits(more[-1][1]):
         return more
   # The ratio of every round compiled here, those just compiled too.
-  best = min(size / max(1, peaks[k]) for k, size in [*compiled, *more])
+  best = _best_ratio(peaks, [*compiled, *more])
   tried |= {k for k, _ in more}
   candidates = sorted((int(best * peaks[j]), j) for j in range(len(peaks))
                       if j not in tried and fits(int(best * peaks[j])))
