@@ -22,7 +22,7 @@ class ShapeError(SymmemError, ValueError):
 
 
 class BudgetError(SymmemError, ValueError):
-  """A memory budget below the smallest achievable peak."""
+  """A memory budget below XLA's figure for every variant the planner builds at a shape."""
 
 
 class PlanningError(SymmemError):

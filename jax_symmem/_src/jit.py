@@ -13,9 +13,9 @@ At the first call the step is traced once with symbolic dims and analysed
 4. runs the executable compiled for (dims, round), compiling it on a miss.
    After compiling, XLA's own `memory_analysis()` is checked against the budget;
    if the variant does not fit, the round that XLA's figure predicts to fit is
-   compiled next (bounded), ending with the last round. Only when XLA reports
-   every variant tried, the last round included, over the budget does the call
-   raise `BudgetError`: a variant over budget never runs.
+   compiled next (a few jumps, then every other round). Only when XLA reports
+   every round over the budget (or the step's arguments and outputs alone) does
+   the call raise `BudgetError`: a variant over budget never runs.
 5. with `speed_trials=True`, a shape that comes back also runs its least-memory
    round (an annotated step: its round as written), in turn with the dispatched one
    on timed calls, and keeps the faster (`speed_trial.py`): fewer FLOPs recomputed is
