@@ -218,8 +218,9 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
     tried = variants_lib.search_rounds(peaks, k, peaks[k], scripted.__getitem__, fits,
                                        scale={}, last=len(peaks) - 1)
     j = variants_lib.refine_round(peaks, tried, fits)
-    if len(tried) == 2 and fits(tried[1][1]) and j is not None and fits(scripted[j]):
-      return [r for r, _ in tried], j
+    if len(tried) == 2 and fits(tried[1][1]) and j is not None and fits(scripted[j]) \
+        and variants_lib.refine_round(peaks, [*tried, (j, scripted[j])], fits) is None:
+      return [r for r, _ in tried], j   # one refinement, then hits
     return None
   found = [(b, scenario(b)) for b in range(min(scripted), max(scripted), 1 << 12)]
   budget, (first, refined) = next((b, s) for b, s in found if s is not None)

@@ -163,12 +163,13 @@ def test_argument_divisors_are_part_of_the_key():
   assert len(keys) == 3
 
 
-def test_whether_layers_are_evicted_whole_is_part_of_the_key(monkeypatch):
+@pytest.mark.parametrize("switch", ["LAYER_GROUPS", "REVIVE_TRIGGERS", "DROP_STALE_ROUNDS"])
+def test_the_planners_switches_are_part_of_the_key(monkeypatch, switch):
   from jax_symmem._src import remat
   jaxprs = [jax.make_jaxpr(lambda x: x * 2)(1.0)]
-  monkeypatch.setattr(remat, "LAYER_GROUPS", False)
+  monkeypatch.setattr(remat, switch, False)
   off = plan_cache.fingerprint(jaxprs, ("b <= 8",), None, None)
-  monkeypatch.setattr(remat, "LAYER_GROUPS", True)
+  monkeypatch.setattr(remat, switch, True)
   assert plan_cache.fingerprint(jaxprs, ("b <= 8",), None, None) != off
 
 

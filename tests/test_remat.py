@@ -117,6 +117,27 @@ def test_rounds_lower_the_modeled_peak_where_it_was_planned():
 
 
 
+def test_rounds_after_the_last_that_lowered_a_planned_peak_are_dropped():
+  # The six-layer MLP of test_jit ends its planning with a round that lowers the modeled
+  # peak at none of the shapes planned for (the largest dims, then smaller ones): it only
+  # recomputes more. Such a tail is dropped; the rounds before it are unchanged.
+  from tests import test_jit
+  traced = symmem.trace(test_jit._mlp_step, *test_jit._mlp_args(8),
+                        polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
+  graph = symmem.shape_graph(traced)
+  order = schedule.schedule(graph).order
+  kept, _ = remat.plan_rounds(graph, order)
+  every, _ = remat.plan_rounds(graph, order, drop_stale=False)
+  assert 2 <= len(kept) < len(every)
+  assert [r.regions for r in kept] == [r.regions for r in every[:len(kept)]]
+  shapes = [graph.max_dims(), *remat._smaller_shapes(graph, graph.max_dims())]
+  # The last round kept lowered the peak at some planned shape; no dropped round goes
+  # below the rounds kept at any of them.
+  assert any(kept[-1].peak_at(s) < kept[-2].peak_at(s) for s in shapes)
+  for r in every[len(kept):]:
+    assert all(r.peak_at(s) >= min(k.peak_at(s) for k in kept) for s in shapes)
+
+
 def test_rounds_go_on_at_smaller_shapes_once_the_largest_runs_out():
   # A peak at a smaller shape spans values the largest shape's peak does not: the rounds
   # planned there, after the largest dims' rounds (unchanged), lower the floor there.

@@ -44,7 +44,7 @@ from jax_symmem._src import tracing
 from jax_symmem._src.poly import OpAtom, Poly, Var
 
 FORMAT = "jax_symmem plan"
-FORMAT_VERSION = 13   # 13: a fence whose trigger copy only dead code reads takes a new trigger; 12: a later layer's input not evicted alone; 11: layer groups per call of a module run once per layer, and from repeated code where no scope names a layer; 10: loop constants computed in rewritten scan bodies (rounds price them so); 9: a random draw's counters in the model (its working set); 8: dropout masks regenerated from their keys (functional random ops recomputable); 7: rounds also planned at smaller shapes; 6: rounds spaced by memory, cond results counted once; 5: cond pairs (plans before had none); 4: regions inside scan bodies; 3: a checksum; 2: regions bounded by FLOPs, one fence per consumer
+FORMAT_VERSION = 14   # 14: rounds after the last that lowered the peak where planned dropped; 13: a fence whose trigger copy only dead code reads takes a new trigger; 12: a later layer's input not evicted alone; 11: layer groups per call of a module run once per layer, and from repeated code where no scope names a layer; 10: loop constants computed in rewritten scan bodies (rounds price them so); 9: a random draw's counters in the model (its working set); 8: dropout masks regenerated from their keys (functional random ops recomputable); 7: rounds also planned at smaller shapes; 6: rounds spaced by memory, cond results counted once; 5: cond pairs (plans before had none); 4: regions inside scan bodies; 3: a checksum; 2: regions bounded by FLOPs, one fence per consumer
 ENV_VAR = "JAX_SYMMEM_PLAN_CACHE"
 
 
@@ -86,6 +86,8 @@ def fingerprint(programs: Sequence[Any], constraints: Sequence[str], memory_budg
     header["settings"]["remat_candidates"] = "layers"
   if not remat.REVIVE_TRIGGERS:
     header["settings"]["fence_triggers"] = "as chosen"
+  if not remat.DROP_STALE_ROUNDS:
+    header["settings"]["stale_rounds"] = "kept"
   h.update(json.dumps(header, sort_keys=True).encode())
   for p in programs:
     h.update(b"\0jaxpr\0")
