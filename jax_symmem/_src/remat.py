@@ -125,8 +125,8 @@ LAYER_GROUPS = os.environ.get("JAX_SYMMEM_LAYER_GROUPS", "1") != "0"
 # A fence whose trigger copy only dead code reads takes a new trigger (`_revive_triggers`);
 # JAX_SYMMEM_REVIVE_TRIGGERS=0 leaves it as chosen (the plans before 5a34ec7).
 REVIVE_TRIGGERS = os.environ.get("JAX_SYMMEM_REVIVE_TRIGGERS", "1") != "0"
-# Rounds after the last one that lowered the peak at the shape they were planned for are
-# dropped when planning there ends (`plan_rounds`); JAX_SYMMEM_DROP_STALE_ROUNDS=0 keeps them.
+# The rounds after the last one that lowered the peak at a shape it was planned for are
+# dropped once planning ends (`plan_rounds`); JAX_SYMMEM_DROP_STALE_ROUNDS=0 keeps them.
 DROP_STALE_ROUNDS = os.environ.get("JAX_SYMMEM_DROP_STALE_ROUNDS", "1") != "0"
 
 
