@@ -532,15 +532,17 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
       return fast, [fast]
   last = remat.last_planned(analysis.rounds)
   compiled: list[Variant] = []
+  held: list[int] = []   # each variant's `resident_bytes`, as every process agrees on it
 
   def xla_bytes(k: int) -> int:
     if len(compiled) == LONG_SEARCH and not any(policy.fits(v.xla_bytes) for v in compiled):
       _warn_long_search(analysis, dims, compiled, policy)
     compiled.append(compile_round(analysis, dims, k, policy, lower, calibration, calibrated_at))
+    held.append(policy.agree(resident_bytes(compiled[-1].executable)))   # the same branch everywhere
     return compiled[-1].xla_bytes
 
-  def resident() -> int:   # the least any round can take (`resident_bytes`)
-    return min(resident_bytes(v.executable) for v in compiled)
+  def resident() -> int:   # the least any round can take
+    return min(held)
 
   peaks = analysis_lib.RoundPeaks(analysis, dims, predicted=True)
   scale = (None if policy.budget is None
@@ -555,10 +557,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
     figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
-    held = resident()
-    if not policy.fits(held):   # no round was left to try: none can fit
-      room += (f"; its arguments and outputs alone take {over_budget(held, policy.budget)[0]}"
-               ", whatever it recomputes")
+    if not policy.fits(resident()):   # no round was left to try: none can fit
+      room += (f"; its arguments and outputs alone take "
+               f"{over_budget(resident(), policy.budget)[0]}, whatever it recomputes")
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
         f"{figure} for the smallest variant compiled (round {best.round} of "
