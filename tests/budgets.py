@@ -1,6 +1,8 @@
 """Budgets for tests that need a remat round to run and XLA to be able to meet it, and the
 checks of calls made under them."""
 
+import re
+
 import jax
 
 from jax_symmem._src import variants
@@ -11,9 +13,12 @@ def xla_bytes(analysis, k, dims, args) -> int:
   options = variants.round_options(analysis, k, jax.devices()[0].platform)
   exe = jax.jit(variants.round_function(analysis, k, dims)).lower(
       *jax.tree_util.tree_leaves(args)).compile(compiler_options=options)
-  ma = exe.memory_analysis()
-  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-          - ma.alias_size_in_bytes)
+  return variants.footprint(exe)
+
+
+def rounds_compiled(error: Exception) -> list[int]:
+  """The rounds a BudgetError says were compiled before it, in its order."""
+  return [int(k) for k in re.search(r"rounds compiled: ([\d, ]+)\)", str(error))[1].split(", ")]
 
 
 def tight_budget(analysis, dims, args) -> int:

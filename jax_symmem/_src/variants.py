@@ -156,18 +156,17 @@ def round_options(analysis, k: int, platform: str = "cpu") -> dict:
 
 def footprint(executable) -> int:
   ma = executable.memory_analysis()
-  if ma is None:
-    return 0
-  return (ma.argument_size_in_bytes + ma.output_size_in_bytes + ma.temp_size_in_bytes
-          - ma.alias_size_in_bytes)
+  return 0 if ma is None else _arguments_and_outputs(ma) + ma.temp_size_in_bytes
 
 
 def resident_bytes(executable) -> int:
   """What XLA holds for the arguments and outputs, less their aliases: the same for every
   round of a step at a shape (the same signature), so no round's footprint is below it."""
   ma = executable.memory_analysis()
-  if ma is None:
-    return 0
+  return 0 if ma is None else _arguments_and_outputs(ma)
+
+
+def _arguments_and_outputs(ma) -> int:
   return ma.argument_size_in_bytes + ma.output_size_in_bytes - ma.alias_size_in_bytes
 
 
@@ -557,9 +556,10 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
     figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
-    if not policy.fits(resident()):   # no round was left to try: none can fit
-      room += (f"; its arguments and outputs alone take "
-               f"{over_budget(resident(), policy.budget)[0]}, whatever it recomputes")
+    alone = resident()
+    if not policy.fits(alone):   # no round was left to try: none can fit
+      room += (f"; its arguments and outputs alone take {over_budget(alone, policy.budget)[0]}"
+               ", whatever it recomputes")
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
         f"{figure} for the smallest variant compiled (round {best.round} of "
