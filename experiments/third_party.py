@@ -1,4 +1,4 @@
-"""Models nobody here wrote: thirteen of transformers' Flax language models (eighteen steps), a
+"""Models nobody here wrote: sixteen of transformers' Flax models (twenty-one steps), a
 Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
@@ -36,6 +36,12 @@ with AdamW and a masked token loss:
   (each of the last six with padded rows)
   longt5  FlaxLongT5ForConditionalGenerationModule with transient-global attention: the
         source padded into blocks of 33, so declared "s == 33*k" (lengths 66, 264, 528)
+  wav2vec2  FlaxWav2Vec2ForCTCModule: raw audio "b, n" through 7 strided convolutions
+        (total stride 320, declared "n == 320*k"; 1, 4 and 10 s at 16 kHz), optax's CTC
+        loss over labels "b, u" (a scan over the frames), padded rows
+  roformer  FlaxRoFormerForMaskedLMModule: rotary positions; BERT's batch and loss
+  pegasus  FlaxPegasusForConditionalGenerationModule: sinusoidal positions, pre-norm
+        layers; BART's batches
   haiku  a Haiku decoder (dm-haiku): `hk.MultiHeadAttention` with a causal and padding
         mask, 4 pre-norm layers in a Python loop, padded rows
   haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
@@ -59,7 +65,8 @@ plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
-                                               haiku,haiku_stack,haiku_stack_remat,keras_llama]
+                                               wav2vec2,roformer,pegasus,haiku,haiku_stack,
+                                               haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -75,6 +82,7 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
 from experiments import _common
 from experiments._common import MiB
@@ -356,6 +364,100 @@ def _bloom():
   return _decoder_lm(init, loss_fn)
 
 
+def _wav2vec2():
+  """Wav2Vec2 for CTC: a 7-layer strided convolution feature extractor over raw audio (total
+  stride 320, as the released models), a convolutional position embedding, pre-norm layers,
+  and optax's CTC loss (a scan over the frames). Audio "b, n", declared a multiple of the
+  total stride as a data loader pads it (`n == 320*k`: without it, the backward of the
+  strided convolutions needs paddings JAX cannot express in n, and symmem.jit falls back to
+  jax.jit saying so); labels "b, u"; rows 1 and 3 padded in both."""
+  from transformers import Wav2Vec2Config
+  from transformers.models.wav2vec2.modeling_flax_wav2vec2 import FlaxWav2Vec2ForCTCModule
+  cfg = Wav2Vec2Config(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       intermediate_size=128, conv_dim=(32,) * 7, conv_stride=(5, 2, 2, 2, 2, 2, 2),
+                       conv_kernel=(10, 3, 3, 3, 3, 2, 2), num_conv_pos_embeddings=16,
+                       num_conv_pos_embedding_groups=4, do_stable_layer_norm=True,
+                       feat_extract_norm="layer", apply_spec_augment=False, hidden_dropout=0.0,
+                       attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+                       final_dropout=0.0, layerdrop=0.0)
+  module = FlaxWav2Vec2ForCTCModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    audio = jnp.zeros((1, 1600), jnp.float32)
+    return module.init(key, audio, jnp.ones((1, 1600), jnp.int32))["params"]
+
+  def loss_fn(params, audio, audio_mask, labels, label_mask):
+    logits = module.apply({"params": params}, audio, audio_mask.astype(jnp.int32),
+                          deterministic=True, return_dict=False)[0]
+    frames = module._get_feat_extract_output_lengths(audio_mask.sum(-1).astype(jnp.int32))
+    frame_padding = (jnp.arange(logits.shape[1])[None] >= frames[:, None]).astype(jnp.float32)
+    return optax.ctc_loss(logits, frame_padding, labels, 1.0 - label_mask).mean()
+
+  def batch(b, n, rng):
+    mask = _padding_mask(b, n)
+    labels = jnp.asarray(rng.randint(1, 32, (b, n // 1280)), jnp.int32)
+    return (jnp.asarray(rng.randn(b, n).astype(np.float32)) * mask, mask, labels,
+            _padding_mask(b, n // 1280))
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, lengths=(16000, 64000, 160000),
+              dims=lambda b, n: {"b": b, "k": n // 320, "u": n // 1280},
+              shapes=(None, "b, n", "b, n", "b, u", "b, u"),
+              constraints=("n == 320*k", "k >= 5", "n <= 160000", "u >= 2", "u <= 125", "b <= 4"))
+
+
+def _roformer():
+  """RoFormer for masked LM: rotary positions from a sinusoidal table sliced to the length,
+  factorized embeddings; BERT's batch and loss."""
+  from transformers import RoFormerConfig
+  from transformers.models.roformer.modeling_flax_roformer import FlaxRoFormerForMaskedLMModule
+  cfg = RoFormerConfig(vocab_size=512, embedding_size=128, hidden_size=128, num_hidden_layers=2,
+                       num_attention_heads=4, intermediate_size=256, max_position_embeddings=512,
+                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+  module = FlaxRoFormerForMaskedLMModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t), None,
+                       return_dict=False)["params"]
+
+  def loss_fn(params, tokens, mask, token_types, labels, chosen):
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types, None,
+                          return_dict=False)[0]
+    return llama.masked_cross_entropy(logits, labels, chosen)
+
+  return dict(_bert(), init=init, loss_fn=loss_fn)
+
+
+def _pegasus():
+  """Pegasus: an encoder-decoder with sinusoidal positions and pre-norm layers; BART's
+  batches ("b, s", "b, t", padded rows) and loss."""
+  from transformers import PegasusConfig
+  from transformers.models.pegasus.modeling_flax_pegasus import (
+      FlaxPegasusForConditionalGenerationModule)
+  cfg = PegasusConfig(vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                      decoder_ffn_dim=128, max_position_embeddings=512, dropout=0.0,
+                      attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0,
+                      eos_token_id=1, decoder_start_token_id=0)
+  module = FlaxPegasusForConditionalGenerationModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    positions = jnp.arange(4)[None]
+    return module.init(key, t, jnp.ones_like(t), t, jnp.ones_like(t), positions,
+                       positions)["params"]
+
+  def loss_fn(params, src, src_mask, tgt, tgt_mask):
+    (b, s), t = src.shape, tgt.shape[1]
+    decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
+    logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
+                          tgt_mask.astype(jnp.int32), jnp.broadcast_to(jnp.arange(s)[None], (b, s)),
+                          jnp.broadcast_to(jnp.arange(t)[None], (b, t)), return_dict=False)[0]
+    return t5.seq2seq_loss(logits, tgt, tgt_mask)
+
+  return dict(_bart(), init=init, loss_fn=loss_fn)
+
+
 def _haiku(layer_stack: bool = False, remat: bool = False):
   """A Haiku decoder written as Haiku's transformer example writes one: pre-norm blocks of
   `hk.MultiHeadAttention` and a GELU MLP, a causal mask combined with the padding mask,
@@ -442,7 +544,8 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _alb
           "gpt2_bf16": functools.partial(_gpt2, dtype=jnp.bfloat16),
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
-          "bloom": _bloom, "longt5": _longt5, "haiku": _haiku,
+          "bloom": _bloom, "longt5": _longt5, "wav2vec2": _wav2vec2, "roformer": _roformer,
+          "pegasus": _pegasus, "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
           "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
           "keras_llama": _keras_llama}
@@ -473,6 +576,10 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
     t0 = time.perf_counter()
     got = jax.block_until_ready(plain(*args))
     out.setdefault("first_call_s", time.perf_counter() - t0)   # trace, plan, one compile
+    if plain.last_call.get("fallback"):   # not traceable with symbolic dims: jax.jit ran it
+      out["fallback"] = True
+      print(f"{name}: symmem.jit fell back to jax.jit (its warning says why); no plan", flush=True)
+      return out
     row = {"dims": m["dims"](BATCH, s), "round": plain.last_call["round"],
            "equal_to_jax_jit": _common.trees_close(got, ref(*args))}
     out["plain"].append(row)
