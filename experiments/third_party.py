@@ -1,4 +1,4 @@
-"""Models nobody here wrote: sixteen of transformers' Flax models (twenty-one steps), a
+"""Models nobody here wrote: seventeen of transformers' Flax models (twenty-two steps), a
 Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
@@ -42,6 +42,8 @@ with AdamW and a masked token loss:
   roformer  FlaxRoFormerForMaskedLMModule: rotary positions; BERT's batch and loss
   pegasus  FlaxPegasusForConditionalGenerationModule: sinusoidal positions, pre-norm
         layers; BART's batches
+  big_bird  FlaxBigBirdForMaskedLMModule with block-sparse attention (blocks of 16 gathered
+        by index; declared "s == 16*k", lengths 256, 384, 512); BERT's batch and loss
   haiku  a Haiku decoder (dm-haiku): `hk.MultiHeadAttention` with a causal and padding
         mask, 4 pre-norm layers in a Python loop, padded rows
   haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
@@ -65,7 +67,7 @@ plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
-                                               wav2vec2,roformer,pegasus,haiku,haiku_stack,
+                                               wav2vec2,roformer,pegasus,big_bird,haiku,haiku_stack,
                                                haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
@@ -458,6 +460,36 @@ def _pegasus():
   return dict(_bart(), init=init, loss_fn=loss_fn)
 
 
+def _big_bird():
+  """BigBird's block-sparse attention: each block of 16 queries attends to its neighbours,
+  global blocks and 2 random blocks, gathered from the keys by block index. The length must
+  be a multiple of the block (declared `s == 16*k`) and long enough for the sparse pattern
+  (s >= 256, else the library attends in full); BERT's batch and loss."""
+  from transformers import BigBirdConfig
+  from transformers.models.big_bird.modeling_flax_big_bird import FlaxBigBirdForMaskedLMModule
+  cfg = BigBirdConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=256, max_position_embeddings=1024,
+                      hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                      attention_type="block_sparse", block_size=16, num_random_blocks=2)
+  module = FlaxBigBirdForMaskedLMModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 256), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t), jnp.arange(256)[None], None,
+                       return_dict=False)["params"]
+
+  def loss_fn(params, tokens, mask, token_types, labels, chosen):
+    b, s = tokens.shape
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types,
+                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), None,
+                          return_dict=False)[0]
+    return llama.masked_cross_entropy(logits, labels, chosen)
+
+  return dict(_bert(), init=init, loss_fn=loss_fn, lengths=(256, 384, 512),
+              dims=lambda b, s: {"b": b, "s": s, "k": s // 16},
+              constraints=("s == 16*k", "s >= 256", "s <= 512", "b <= 4"))
+
+
 def _haiku(layer_stack: bool = False, remat: bool = False):
   """A Haiku decoder written as Haiku's transformer example writes one: pre-norm blocks of
   `hk.MultiHeadAttention` and a GELU MLP, a causal mask combined with the padding mask,
@@ -545,7 +577,7 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _alb
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
           "bloom": _bloom, "longt5": _longt5, "wav2vec2": _wav2vec2, "roformer": _roformer,
-          "pegasus": _pegasus, "haiku": _haiku,
+          "pegasus": _pegasus, "big_bird": _big_bird, "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
           "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
           "keras_llama": _keras_llama}
