@@ -462,9 +462,9 @@ def _pegasus():
 
 def _big_bird():
   """BigBird's block-sparse attention: each block of 16 queries attends to its neighbours,
-  global blocks and 2 random blocks, gathered from the keys by block index. The length must
-  be a multiple of the block (declared `s == 16*k`) and long enough for the sparse pattern
-  (s >= 256, else the library attends in full); BERT's batch and loss."""
+  global blocks and 2 random blocks, gathered from the keys by block index (without a key for
+  the random indices, the library's fixed pattern). The length must be a multiple of the
+  block (declared `s == 16*k`); lengths 256 to 512; BERT's batch and loss."""
   from transformers import BigBirdConfig
   from transformers.models.big_bird.modeling_flax_big_bird import FlaxBigBirdForMaskedLMModule
   cfg = BigBirdConfig(vocab_size=512, hidden_size=128, num_hidden_layers=2, num_attention_heads=4,
