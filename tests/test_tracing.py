@@ -238,6 +238,44 @@ def test_strided_convolutions_say_declare_a_multiple_of_the_stride():
                  polymorphic_shapes="s")
 
 
+def _feature_extractor(x):
+  """Wav2Vec2's feature extractor in small: 'VALID' convolutions of kernel 10 / stride 5,
+  then kernel 3 / stride 2 twice, over raw audio (b, n, 1)."""
+  for kernel, stride in ((10, 5), (3, 2), (3, 2)):
+    w = jnp.ones((kernel, x.shape[-1], 4))
+    x = jax.nn.gelu(jax.lax.conv_general_dilated(x, w, (stride,), "VALID",
+                                                 dimension_numbers=("NWC", "WIO", "NWC")))
+  return jnp.sum(x ** 2)
+
+
+# Shapes, not arrays: an array made at collection would stay live for the whole session
+# (tests of budgets count the live arrays).
+@pytest.mark.parametrize("fn, shape, spec, declared, advised", [
+    # 'SAME' stride-2 convolutions, h and w: the backward adds a floor division the forward
+    # does not need, and h == 4*k suffices (as traced above), not 8.
+    (_strided, (2, 16, 16, 3), "b, h, w, 3", (), ("h == 4*k", "w == 4*m")),
+    # 'VALID' strides 5, 2, 2: the total stride; and a declared multiple that is too small.
+    (_feature_extractor, (2, 400, 1), "b, n, 1", (), ("n == 20*k",)),
+    (_feature_extractor, (2, 400, 1), "b, n, 1", ("n == 5*k",), ("n == 20*k",)),
+])
+def test_strided_convolutions_name_the_least_multiples_that_trace(fn, shape, spec, declared,
+                                                                  advised):
+  x = jax.ShapeDtypeStruct(shape, jnp.float32)
+  long_enough = ("n >= 40",) if "n" in spec else ()   # three 'VALID' stages leave a frame
+  with pytest.raises(symmem.TracingError) as e:
+    symmem.trace(jax.grad(fn), x, polymorphic_shapes=spec, constraints=long_enough + declared)
+  assert f"constraints=({', '.join(map(repr, advised))},)" in str(e.value)
+  if declared:
+    assert f"in place of {declared[0]!r}" in str(e.value)
+  # What it advises traces, and half of any of its multiples does not.
+  symmem.trace(jax.grad(fn), x, polymorphic_shapes=spec, constraints=long_enough + advised)
+  for i, c in enumerate(advised):
+    dim, n, k = re.fullmatch(r"(\w+) == (\d+)\*(\w+)", c).groups()
+    smaller = advised[:i] + (f"{dim} == {int(n) // 2}*{k}",) + advised[i + 1:]
+    with pytest.raises(symmem.TracingError):
+      symmem.trace(jax.grad(fn), x, polymorphic_shapes=spec, constraints=long_enough + smaller)
+
+
 def test_bind_dims_solves_and_checks_shapes():
   spec = jax.ShapeDtypeStruct((2, 256), F32)
   traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),

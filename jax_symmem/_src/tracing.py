@@ -17,6 +17,7 @@ import dataclasses
 import contextlib
 import functools
 import itertools
+import math
 import os
 import re
 import threading
@@ -784,7 +785,7 @@ def _user_frame(tb) -> str | None:
   return found
 
 
-def _advice(e: BaseException, args=(), specs=()) -> str:
+def _advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ()) -> str:
   msg = str(e)
   bounds = _clamped_slices(msg)
   if bounds:
@@ -829,10 +830,17 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
             "jnp.where / lax.cond on values")
   # After the control-flow case: a Python `if` on floordiv(s, 2) is that case.
   if "floordiv" in msg:
-    return ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
-            "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
-            "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple of "
-            "the total stride, e.g. constraints=('h == 8*k',) or polymorphic_shapes "
+    general = ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
+               "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
+               "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple "
+               "of the total stride")
+    multiples, replaced = _stride_multiples(msg, _spec_dims(specs), constraints)
+    if multiples:
+      return (f"{general}: here constraints=({', '.join(map(repr, multiples))},) (the least "
+              "multiples that make the floor divisions in the message exact)"
+              + (f" in place of {', '.join(map(repr, replaced))}" if replaced else "")
+              + ", with batches padded to them")
+    return (f"{general}, e.g. constraints=('h == 8*k',) or polymorphic_shapes "
             "'b, 8*k, 8*m, 3'")
   if isinstance(e, jax.errors.ConcretizationTypeError) and re.search(
       r"traced array with shape \w+\[\]", msg) and "size argument" not in msg:
@@ -843,6 +851,119 @@ def _advice(e: BaseException, args=(), specs=()) -> str:
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _spec_dims(specs) -> set[str]:
+  """The dimension variables of the traced argument specs."""
+  names: set[str] = set()
+  for leaf in jax.tree_util.tree_leaves(specs):
+    for d in getattr(leaf, "shape", ()):
+      if jax_dims.is_symbolic(d):
+        names |= jax_dims.to_poly(d).variables()
+  return names
+
+
+def _floordiv_divisors(msg: str) -> dict[str, int]:
+  """For each name inside floordiv(..., c) calls of an error message: the least common
+  multiple, over its occurrences, of the product of the constant divisors around it."""
+  found: dict[str, int] = {}
+  # Each open call: [is floordiv, argument index, {name: product so far}, divisor tokens]
+  stack: list[list] = []
+  for tok in re.findall(r"[A-Za-z_]\w*\(|\(|\)|,|[A-Za-z_]\w*|-?\d+", msg):
+    if tok.endswith("("):
+      stack.append([tok == "floordiv(", 0, {}, []])
+    elif tok == ",":
+      if stack:
+        stack[-1][1] += 1
+    elif tok == ")":
+      if not stack:
+        continue
+      is_floordiv, _, names, divisor = stack.pop()
+      if is_floordiv:
+        c = int(divisor[0]) if len(divisor) == 1 and divisor[0].isdigit() else 0
+        names = {n: m * c for n, m in names.items()} if c > 1 else {}
+      into = stack[-1][2] if stack else found
+      for n, m in names.items():
+        into[n] = math.lcm(into.get(n, 1), m)
+    elif stack:
+      top = stack[-1]
+      if top[0] and top[1] == 1:
+        top[3].append(tok)
+      elif tok[0].isalpha() or tok[0] == "_":
+        top[2].setdefault(tok, 1)
+  return {n: m for n, m in found.items() if m > 1}
+
+
+def _least_multiples(msg: str, products: dict[str, int]) -> dict[str, int]:
+  """For each dim, the least divisor m of its product of divisors (`_floordiv_divisors`) with
+  which every outermost floordiv(...) call of the message is affine in k where dim = m*k (so
+  JAX's simplification makes it exact): a 'SAME' convolution's backward adds a floor division
+  its forward did not need. The products where a call does not parse."""
+  calls, opened, start = [], [], None   # opened: for each open parenthesis, floordiv's?
+  for m in re.finditer(r"floordiv\(|\(|\)", msg):
+    if m.group() != ")":
+      if m.group() == "floordiv(" and True not in opened:
+        start = m.start()
+      opened.append(m.group() == "floordiv(")
+    elif opened and opened.pop() and True not in opened:
+      calls.append(msg[start:m.end()])
+  try:
+    polys = [jax_dims.parse(c) for c in dict.fromkeys(calls)]
+  except Exception:  # noqa: BLE001 - an expression of another form: keep the products
+    return products
+  if not polys:
+    return products
+  least = dict(products)
+  for name in sorted(products):
+    for m in (d for d in range(1, products[name] + 1) if products[name] % d == 0):
+      trial = dict(least, **{name: m})
+      if all(_affine(p, name, trial, 2 * max(products.values()) + 3) for p in polys):
+        least[name] = m
+        break
+  return least
+
+
+def _affine(p: Poly, name: str, multiples: Mapping[str, int], points: int) -> bool:
+  """Whether p, with each dim of `multiples` set to its multiple times a k, is affine in
+  `name`'s k over k = 1..points (others' k at 1 and 2; variables outside `multiples` at
+  1). Floor divisions are periodic in k: `points` spans two of the longest periods."""
+  for other in (1, 2):
+    env = {v: multiples.get(v, 1) * (other if v in multiples else 1) for v in p.variables()}
+    values = []
+    for k in range(1, points + 1):
+      env[name] = multiples[name] * k
+      values.append(p.evaluate(env))
+    if len({b - a for a, b in zip(values, values[1:])}) > 1:
+      return False
+  return True
+
+
+def _stride_multiples(msg: str, dims: set[str], constraints: Sequence[str]
+                      ) -> tuple[list[str], list[str]]:
+  """(the constraints that make the floor divisions of an error message exact, the user's
+  constraints they replace): each dim of the arguments a multiple ('n == 20*k'); for a dim
+  the user declared a multiple too small ('n == 5*k', which the message writes in k), that
+  declaration with a larger one. ([], []) when a name in the divisions is not such a dim."""
+  declared = {}
+  for c in constraints:
+    m = constraints_lib._VAR_EQ_MULTIPLE.fullmatch(c)
+    if m:
+      declared[m.group(3)] = (m.group(1), int(m.group(2)), c)
+  taken = set(dims) | {v for v, _, _ in declared.values()} | set(declared)
+  out, replaced = [], []
+  for name, n in sorted(_least_multiples(msg, _floordiv_divisors(msg)).items()):
+    if name not in dims:
+      return [], []
+    if name in declared:
+      outer, c, source = declared[name]
+      out.append(f"{outer} == {c * n}*{name}")
+      replaced.append(source)
+      continue
+    fresh = next(f"{stem}{i or ''}" for i in itertools.count() for stem in ("k", "m", "j")
+                 if f"{stem}{i or ''}" not in taken)
+    taken.add(fresh)
+    out.append(f"{name} == {n}*{fresh}")
+  return out, replaced
 
 
 def _clamped_slices(msg: str) -> list[str]:
@@ -1003,7 +1124,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     raise TracingError(
         f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
         + (f" at {where}" if where else "")
-        + f": {first}\nWhat to do: {_advice(e, args, specs)}") from e
+        + f": {first}\nWhat to do: {_advice(e, args, specs, constraints)}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
   return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,
