@@ -17,11 +17,8 @@ import dataclasses
 import contextlib
 import functools
 import itertools
-import math
-import os
 import re
 import threading
-import traceback
 from typing import Any, Callable, Mapping, Sequence
 
 import jax
@@ -36,6 +33,7 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import collector
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import trace_advice
 from jax_symmem._src.errors import ConstraintError, ShapeError, ShapeSpecError, TracingError
 from jax_symmem._src.ir import Const, Node, Operand, Program  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import Poly, Var
@@ -774,261 +772,6 @@ _SYMBOLIC_DIMS_WITHOUT_CYCLES = _ProcessPatch(_jax_core, "_canonicalize_dimensio
 _JAX_CANONICALIZE_DIMENSION = _SYMBOLIC_DIMS_WITHOUT_CYCLES.original
 
 
-def _user_frame(tb) -> str | None:
-  """The innermost frame of the user's code in a traceback (not JAX, not us)."""
-  skip = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
-          os.sep + "jaxlib" + os.sep, "<frozen ")
-  found = None
-  for frame in traceback.extract_tb(tb):
-    if not any(s in frame.filename for s in skip):
-      found = f"{frame.filename}:{frame.lineno} ({frame.name}): {frame.line}"
-  return found
-
-
-def _advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ()) -> str:
-  msg = str(e)
-  bounds = _clamped_slices(msg)
-  if bounds:
-    return ("a slice of a fixed-size array (a position or causal-mask table) by a symbolic "
-            "length is clamped to the array's size, min(N, s), which is not s: if your "
-            "lengths never exceed the table, say so with constraints=("
-            + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
-  mismatch = re.search(r"incompatible shapes|same shape|different leading axis sizes", msg)
-  indivisible = "Cannot divide evenly" in msg
-  padded = _padded_multiples(msg) if mismatch or indivisible else []
-  if padded:   # before the hints below: this is what the shapes in the message come from
-    dim, n = padded[0]
-    return (f"the step pads {dim} up to a multiple of {n} (mod(- {dim}, {n}) in the shapes, "
-            "as blocked or chunked attention does) and JAX cannot prove what it makes of the "
-            f"padded length (blocks of {n}, or a slice back to {dim}): declare the length a "
-            f"multiple, constraints=('{dim} == {n}*k',), with batches padded to a multiple of "
-            f"{n} (e.g. a tokenizer's pad_to_multiple_of={n})")
-  if mismatch:
-    hint = _spec_mismatches(args, specs, msg)
-    if hint:
-      return hint
-  if indivisible:
-    return ("a reshape needs a dimension divisible by a constant: declare it as a multiple, "
-            "e.g. polymorphic_shapes='b, 128*k' (or constraints=('s == 128*k',)) instead of a mod "
-            "constraint, and write the reshape with the symbolic dims")
-  if "associative scan over axis of non-constant size" in msg:
-    return ("jax.export cannot trace lax.associative_scan over a symbolic length (plain "
-            "jax.export raises the same): run the recurrence with lax.scan over that axis "
-            "(it traces with a symbolic length), or keep that axis static ('_')")
-  if isinstance(e, NotImplementedError):
-    return ("JAX has no rule for this operation with symbolic dimensions (plain jax.export "
-            "raises the same): express it with operations that have one, or keep that axis "
-            "static ('_' in polymorphic_shapes)")
-  if isinstance(e, RecursionError):
-    return ("jax.export's decision procedure for dimension expressions recursed without end "
-            "(seen with strided convolutions on a dim declared a multiple of too small a "
-            "number): declare the dim a multiple of the total stride, e.g. 'h == 8*k' for three "
-            "stride-2 stages, or keep that axis static ('_')")
-  if "is inconclusive" in msg:
-    return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
-            f"add a constraint that decides it ({_deciding_constraints(msg)}), or use "
-            "jnp.where / lax.cond on values")
-  # After the control-flow case: a Python `if` on floordiv(s, 2) is that case.
-  if "floordiv" in msg:
-    general = ("sizes computed by floor division (strided convolutions or pooling, 'SAME' "
-               "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
-               "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple "
-               "of the total stride")
-    multiples, replaced = _stride_multiples(msg, _spec_dims(specs), constraints)
-    if multiples:
-      return (f"{general}: here constraints=({', '.join(map(repr, multiples))},) (the least "
-              "multiples that make the floor divisions in the message exact)"
-              + (f" in place of {', '.join(map(repr, replaced))}" if replaced else "")
-              + ", with batches padded to them")
-    return (f"{general}, e.g. constraints=('h == 8*k',) or polymorphic_shapes "
-            "'b, 8*k, 8*m, 3'")
-  if isinstance(e, jax.errors.ConcretizationTypeError) and re.search(
-      r"traced array with shape \w+\[\]", msg) and "size argument" not in msg:
-    return ("a size computed from a symbolic dimension became an array (float arithmetic such "
-            "as int(1.25 * s), math.ceil, or a jnp function of a dim): keep size arithmetic in "
-            "integers on the dims, e.g. (5 * s) // 4, or pass the size as a static argument")
-  if isinstance(e, jax.errors.ConcretizationTypeError):
-    return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
-            "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
-  return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
-
-
-def _spec_dims(specs) -> set[str]:
-  """The dimension variables of the traced argument specs."""
-  names: set[str] = set()
-  for leaf in jax.tree_util.tree_leaves(specs):
-    for d in getattr(leaf, "shape", ()):
-      if jax_dims.is_symbolic(d):
-        names |= jax_dims.to_poly(d).variables()
-  return names
-
-
-def _floordiv_divisors(msg: str) -> dict[str, int]:
-  """For each name inside floordiv(..., c) calls of an error message: the least common
-  multiple, over its occurrences, of the product of the constant divisors around it."""
-  found: dict[str, int] = {}
-  # Each open call: [is floordiv, argument index, {name: product so far}, divisor tokens]
-  stack: list[list] = []
-  for tok in re.findall(r"[A-Za-z_]\w*\(|\(|\)|,|[A-Za-z_]\w*|-?\d+", msg):
-    if tok.endswith("("):
-      stack.append([tok == "floordiv(", 0, {}, []])
-    elif tok == ",":
-      if stack:
-        stack[-1][1] += 1
-    elif tok == ")":
-      if not stack:
-        continue
-      is_floordiv, _, names, divisor = stack.pop()
-      if is_floordiv:
-        c = int(divisor[0]) if len(divisor) == 1 and divisor[0].isdigit() else 0
-        names = {n: m * c for n, m in names.items()} if c > 1 else {}
-      into = stack[-1][2] if stack else found
-      for n, m in names.items():
-        into[n] = math.lcm(into.get(n, 1), m)
-    elif stack:
-      top = stack[-1]
-      if top[0] and top[1] == 1:
-        top[3].append(tok)
-      elif tok[0].isalpha() or tok[0] == "_":
-        top[2].setdefault(tok, 1)
-  return {n: m for n, m in found.items() if m > 1}
-
-
-def _least_multiples(msg: str, products: dict[str, int]) -> dict[str, int]:
-  """For each dim, the least divisor m of its product of divisors (`_floordiv_divisors`) with
-  which every outermost floordiv(...) call of the message is affine in k where dim = m*k (so
-  JAX's simplification makes it exact): a 'SAME' convolution's backward adds a floor division
-  its forward did not need. The products where a call does not parse."""
-  calls, opened, start = [], [], None   # opened: for each open parenthesis, floordiv's?
-  for m in re.finditer(r"floordiv\(|\(|\)", msg):
-    if m.group() != ")":
-      if m.group() == "floordiv(" and True not in opened:
-        start = m.start()
-      opened.append(m.group() == "floordiv(")
-    elif opened and opened.pop() and True not in opened:
-      calls.append(msg[start:m.end()])
-  try:
-    polys = [jax_dims.parse(c) for c in dict.fromkeys(calls)]
-  except Exception:  # noqa: BLE001 - an expression of another form: keep the products
-    return products
-  if not polys:
-    return products
-  least = dict(products)
-  for name in sorted(products):
-    for m in (d for d in range(1, products[name] + 1) if products[name] % d == 0):
-      trial = dict(least, **{name: m})
-      if all(_affine(p, name, trial, 2 * max(products.values()) + 3) for p in polys):
-        least[name] = m
-        break
-  return least
-
-
-def _affine(p: Poly, name: str, multiples: Mapping[str, int], points: int) -> bool:
-  """Whether p, with each dim of `multiples` set to its multiple times a k, is affine in
-  `name`'s k over k = 1..points (others' k at 1 and 2; variables outside `multiples` at
-  1). Floor divisions are periodic in k: `points` spans two of the longest periods."""
-  for other in (1, 2):
-    env = {v: multiples.get(v, 1) * (other if v in multiples else 1) for v in p.variables()}
-    values = []
-    for k in range(1, points + 1):
-      env[name] = multiples[name] * k
-      values.append(p.evaluate(env))
-    if len({b - a for a, b in zip(values, values[1:])}) > 1:
-      return False
-  return True
-
-
-def _stride_multiples(msg: str, dims: set[str], constraints: Sequence[str]
-                      ) -> tuple[list[str], list[str]]:
-  """(the constraints that make the floor divisions of an error message exact, the user's
-  constraints they replace): each dim of the arguments a multiple ('n == 20*k'); for a dim
-  the user declared a multiple too small ('n == 5*k', which the message writes in k), that
-  declaration with a larger one. ([], []) when a name in the divisions is not such a dim."""
-  declared = {}
-  for c in constraints:
-    m = constraints_lib._VAR_EQ_MULTIPLE.fullmatch(c)
-    if m:
-      declared[m.group(3)] = (m.group(1), int(m.group(2)), c)
-  taken = set(dims) | {v for v, _, _ in declared.values()} | set(declared)
-  out, replaced = [], []
-  for name, n in sorted(_least_multiples(msg, _floordiv_divisors(msg)).items()):
-    if name not in dims:
-      return [], []
-    if name in declared:
-      outer, c, source = declared[name]
-      out.append(f"{outer} == {c * n}*{name}")
-      replaced.append(source)
-      continue
-    fresh = next(f"{stem}{i or ''}" for i in itertools.count() for stem in ("k", "m", "j")
-                 if f"{stem}{i or ''}" not in taken)
-    taken.add(fresh)
-    out.append(f"{name} == {n}*{fresh}")
-  return out, replaced
-
-
-def _clamped_slices(msg: str) -> list[str]:
-  """For sizes like min(512, s) in an error: the bounds that make them s ('s <= 512')."""
-  found = re.findall(r"min\((\d+), ([A-Za-z_]\w*)\)|min\(([A-Za-z_]\w*), (\d+)\)", msg)
-  bounds = {(a or d, int(n or m)) for n, a, d, m in found}
-  return [f"{dim} <= {n}" for dim, n in sorted(bounds)]
-
-
-def _padded_multiples(msg: str) -> list[tuple[str, int]]:
-  """(dim, n) for each length padded up to a multiple of n in an error's shapes: jax
-  writes the padding -s % n as mod(- s, n)."""
-  found = re.findall(r"mod\(- ?([A-Za-z_]\w*), (\d+)\)", msg)
-  return sorted({(dim, int(n)) for dim, n in found if int(n) > 1})
-
-
-def _deciding_constraints(msg: str) -> str:
-  """For jax's "comparison 'A' > 'B' is inconclusive": the two constraints that decide it,
-  one making it true for every allowed shape, one false."""
-  m = re.search(r"comparison '(.+?)' (>=|<=|>|<) '(.+?)' is inconclusive", msg)
-  if not m:
-    return "e.g. 's >= 129'"
-  lhs, op, rhs = m.groups()
-  def shifted(k):   # rhs + k
-    return str(int(rhs) + k) if re.fullmatch(r"-?\d+", rhs) else f"{rhs} {'+-'[k < 0]} {abs(k)}"
-  true, false = {">": ((">=", 1), ("<=", 0)), ">=": ((">=", 0), ("<=", -1)),
-                 "<": (("<=", -1), (">=", 0)), "<=": (("<=", 0), (">=", 1))}[op]
-  as_string = lambda rel, k: f"'{lhs} {rel} {shifted(k) if k else rhs}'"
-  return (f"{as_string(*true)} if {lhs} {op} {rhs} holds for all your batches, "
-          f"{as_string(*false)} if it never does")
-
-
-def _spec_mismatches(args, specs, msg: str = "") -> str:
-  """Why shapes that must agree may differ at trace time: an argument with a static spec
-  whose every axis has the size of a dim at this call (and one of those sizes in the error
-  `msg`, where a static shape shows as numbers: a parameter whose sizes match the batch's by
-  chance is not named), or dims that are equal here (one dim spelled two ways). '' when
-  neither is seen."""
-  in_msg = {int(n) for n in re.findall(r"(?<![\w.])\d+(?!\w|\.\d)", msg)} if msg else None
-  leaves = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
-  spec_leaves = jax.tree_util.tree_leaves(specs)
-  dims_of_size: dict[int, list[str]] = {}   # size at this call -> the plain dims of that size
-  for (_, x), spec in zip(leaves, spec_leaves):
-    for d, n in zip(spec.shape, getattr(x, "shape", ())):
-      if jax_dims.is_symbolic(d) and str(d).isidentifier() and n > 1:
-        names = dims_of_size.setdefault(n, [])
-        if str(d) not in names:
-          names.append(str(d))
-  hints = []
-  for (path, x), spec in zip(leaves, spec_leaves):
-    shape = tuple(getattr(x, "shape", ()))
-    # Every axis a dim's size (a weight of shape (s, d) is not meant).
-    if shape and all(n in dims_of_size for n in shape) and not any(
-        map(jax_dims.is_symbolic, spec.shape)) and (in_msg is None or in_msg & set(shape)):
-      suggested = ", ".join(dims_of_size[n][0] for n in shape)
-      hints.append(f"args{jax.tree_util.keystr(path)} has a static spec and shape {shape}, "
-                   f"sizes that dims have at this call: if its shape changes with them, give "
-                   f"it the spec '{suggested}'")
-  for n, names in sorted(dims_of_size.items()):
-    if len(names) > 1:
-      hints.append(f"dims {', '.join(sorted(names))} are all {n} at this call: if they are "
-                   "one dim, spell it the same way in every spec")
-  return "; ".join(hints)
-
-
 def _check_ranks(args, specs) -> None:
   paths = jax.tree_util.tree_flatten_with_path(args)[0]
   for (path, arg), spec in zip(paths, jax.tree_util.tree_leaves(specs)):
@@ -1119,12 +862,12 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
   except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
           TypeError, ValueError, RecursionError, NotImplementedError) as e:
-    where = _user_frame(e.__traceback__)
+    where = trace_advice.user_frame(e.__traceback__)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(
         f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
         + (f" at {where}" if where else "")
-        + f": {first}\nWhat to do: {_advice(e, args, specs, constraints)}") from e
+        + f": {first}\nWhat to do: {trace_advice.advice(e, args, specs, constraints)}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
   return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,
