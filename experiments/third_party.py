@@ -1,4 +1,4 @@
-"""Models nobody here wrote: seventeen of transformers' Flax models (twenty-two steps), a
+"""Models nobody here wrote: eighteen of transformers' Flax models (twenty-three steps), a
 Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
@@ -44,6 +44,9 @@ with AdamW and a masked token loss:
         layers; BART's batches
   big_bird  FlaxBigBirdForMaskedLMModule with block-sparse attention (blocks of 16 gathered
         by index; declared "s == 16*k", lengths 256, 384, 512); BERT's batch and loss
+  whisper  FlaxWhisperForConditionalGenerationModule: a convolutional encoder over log-mel
+        features of the library's fixed length ("b, _, _"), a decoder over "b, t" (t = 32,
+        128, 256) attending to it, padded rows
   haiku  a Haiku decoder (dm-haiku): `hk.MultiHeadAttention` with a causal and padding
         mask, 4 pre-norm layers in a Python loop, padded rows
   haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
@@ -67,8 +70,8 @@ plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
-                                               wav2vec2,roformer,pegasus,big_bird,haiku,haiku_stack,
-                                               haiku_stack_remat,keras_llama]
+                                               wav2vec2,roformer,pegasus,big_bird,whisper,haiku,
+                                               haiku_stack,haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
 Writes experiments/results/third_party.json.
@@ -490,6 +493,44 @@ def _big_bird():
               constraints=("s == 16*k", "s >= 256", "s <= 512", "b <= 4"))
 
 
+def _whisper():
+  """Whisper: a convolutional encoder over log-mel features of the fixed length the library
+  requires (its check raises on any other: "b, _, _"), a decoder over text "b, t" with
+  cross-attention to it; padded rows; T5's sequence loss."""
+  from transformers import WhisperConfig
+  from transformers.models.whisper.modeling_flax_whisper import (
+      FlaxWhisperForConditionalGenerationModule)
+  cfg = WhisperConfig(vocab_size=512, num_mel_bins=16, encoder_layers=2, decoder_layers=2,
+                      encoder_attention_heads=4, decoder_attention_heads=4, d_model=64,
+                      encoder_ffn_dim=128, decoder_ffn_dim=128, max_source_positions=200,
+                      max_target_positions=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+                      decoder_start_token_id=1, dropout=0.0, attention_dropout=0.0,
+                      activation_dropout=0.0)
+  module = FlaxWhisperForConditionalGenerationModule(cfg, dtype=jnp.float32)
+  frames = 2 * cfg.max_source_positions
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, jnp.zeros((1, cfg.num_mel_bins, frames)), t, jnp.ones_like(t),
+                       jnp.arange(4)[None])["params"]
+
+  def loss_fn(params, features, tgt, tgt_mask):
+    b, t = tgt.shape
+    decoder_in = jnp.concatenate([jnp.ones_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
+    logits = module.apply({"params": params}, features, decoder_in, tgt_mask.astype(jnp.int32),
+                          jnp.broadcast_to(jnp.arange(t)[None], (b, t)), return_dict=False)[0]
+    return t5.seq2seq_loss(logits, tgt, tgt_mask)
+
+  def batch(b, t, rng):
+    features = rng.randn(b, cfg.num_mel_bins, frames).astype(np.float32)
+    return (jnp.asarray(features), jnp.asarray(rng.randint(3, 512, (b, t)), jnp.int32),
+            _padding_mask(b, t))
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, lengths=(32, 128, 256),
+              dims=lambda b, t: {"b": b, "t": t}, shapes=(None, "b, _, _", "b, t", "b, t"),
+              constraints=("t >= 2", "t <= 256", "b <= 4"))
+
+
 def _haiku(layer_stack: bool = False, remat: bool = False):
   """A Haiku decoder written as Haiku's transformer example writes one: pre-norm blocks of
   `hk.MultiHeadAttention` and a GELU MLP, a causal mask combined with the padding mask,
@@ -577,7 +618,7 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _alb
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
           "bloom": _bloom, "longt5": _longt5, "wav2vec2": _wav2vec2, "roformer": _roformer,
-          "pegasus": _pegasus, "big_bird": _big_bird, "haiku": _haiku,
+          "pegasus": _pegasus, "big_bird": _big_bird, "whisper": _whisper, "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
           "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
           "keras_llama": _keras_llama}
