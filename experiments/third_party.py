@@ -212,15 +212,10 @@ def _decoder_lm(init, loss_fn, padded: bool = True):
               shapes=(None, "b, s", "b, s"), constraints=("s >= 2", "s <= 512", "b <= 4"))
 
 
-def _bart():
-  from transformers import BartConfig
-  from transformers.models.bart.modeling_flax_bart import FlaxBartForConditionalGenerationModule
-  cfg = BartConfig(vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2,
-                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
-                   decoder_ffn_dim=128, max_position_embeddings=512, dropout=0.0,
-                   attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1,
-                   bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
-  module = FlaxBartForConditionalGenerationModule(cfg, dtype=jnp.float32)
+def _bart_like(module, decoder_start: int):
+  """`init` and the sequence `loss_fn` of an encoder-decoder module called as BART's is
+  (source, its mask, decoder input, its mask, source positions, target positions), the
+  decoder input the target shifted right after `decoder_start`."""
 
   def init(key):
     t = jnp.zeros((1, 4), jnp.int32)
@@ -230,11 +225,25 @@ def _bart():
 
   def loss_fn(params, src, src_mask, tgt, tgt_mask):
     (b, s), t = src.shape, tgt.shape[1]
-    decoder_in = jnp.concatenate([jnp.full_like(tgt[:, :1], 2), tgt[:, :-1]], axis=1)
+    decoder_in = jnp.concatenate([jnp.full_like(tgt[:, :1], decoder_start), tgt[:, :-1]], axis=1)
     logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
                           tgt_mask.astype(jnp.int32), jnp.broadcast_to(jnp.arange(s)[None], (b, s)),
                           jnp.broadcast_to(jnp.arange(t)[None], (b, t)), return_dict=False)[0]
     return t5.seq2seq_loss(logits, tgt, tgt_mask)
+
+  return init, loss_fn
+
+
+def _bart():
+  from transformers import BartConfig
+  from transformers.models.bart.modeling_flax_bart import FlaxBartForConditionalGenerationModule
+  cfg = BartConfig(vocab_size=512, d_model=64, encoder_layers=2, decoder_layers=2,
+                   encoder_attention_heads=4, decoder_attention_heads=4, encoder_ffn_dim=128,
+                   decoder_ffn_dim=128, max_position_embeddings=512, dropout=0.0,
+                   attention_dropout=0.0, activation_dropout=0.0, pad_token_id=1,
+                   bos_token_id=0, eos_token_id=2, decoder_start_token_id=2)
+  init, loss_fn = _bart_like(FlaxBartForConditionalGenerationModule(cfg, dtype=jnp.float32),
+                             cfg.decoder_start_token_id)
 
   def batch(b, s, rng):
     t = s // 2
@@ -255,18 +264,7 @@ def _bert(gradient_checkpointing: bool = False):
   module = FlaxBertForMaskedLMModule(cfg, dtype=jnp.float32,
                                      gradient_checkpointing=gradient_checkpointing)
   mask_token = 3
-
-  def init(key):
-    t = jnp.zeros((1, 4), jnp.int32)
-    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t), jnp.arange(4)[None], None,
-                       return_dict=False)["params"]
-
-  def loss_fn(params, tokens, mask, token_types, labels, chosen):
-    b, s = tokens.shape
-    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types,
-                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), None,
-                          return_dict=False)[0]
-    return llama.masked_cross_entropy(logits, labels, chosen)
+  init, loss_fn = _bert_like(module)
 
   def batch(b, s, rng):
     labels = rng.randint(5, 512, (b, s)).astype(np.int32)
@@ -280,6 +278,25 @@ def _bert(gradient_checkpointing: bool = False):
   return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
               shapes=(None, "b, s", "b, s", "b, s", "b, s", "b, s"),
               constraints=("s >= 2", "s <= 512", "b <= 4"))
+
+
+def _bert_like(module, init_length: int = 4):
+  """`init` and the masked-LM `loss_fn` of a module called as BERT's is (tokens, attention
+  mask, token types, positions, head mask)."""
+
+  def init(key):
+    t = jnp.zeros((1, init_length), jnp.int32)
+    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t),
+                       jnp.arange(init_length)[None], None, return_dict=False)["params"]
+
+  def loss_fn(params, tokens, mask, token_types, labels, chosen):
+    b, s = tokens.shape
+    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types,
+                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), None,
+                          return_dict=False)[0]
+    return llama.masked_cross_entropy(logits, labels, chosen)
+
+  return init, loss_fn
 
 
 def _albert():
@@ -444,22 +461,8 @@ def _pegasus():
                       decoder_ffn_dim=128, max_position_embeddings=512, dropout=0.0,
                       attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0,
                       eos_token_id=1, decoder_start_token_id=0)
-  module = FlaxPegasusForConditionalGenerationModule(cfg, dtype=jnp.float32)
-
-  def init(key):
-    t = jnp.zeros((1, 4), jnp.int32)
-    positions = jnp.arange(4)[None]
-    return module.init(key, t, jnp.ones_like(t), t, jnp.ones_like(t), positions,
-                       positions)["params"]
-
-  def loss_fn(params, src, src_mask, tgt, tgt_mask):
-    (b, s), t = src.shape, tgt.shape[1]
-    decoder_in = jnp.concatenate([jnp.zeros_like(tgt[:, :1]), tgt[:, :-1]], axis=1)
-    logits = module.apply({"params": params}, src, src_mask.astype(jnp.int32), decoder_in,
-                          tgt_mask.astype(jnp.int32), jnp.broadcast_to(jnp.arange(s)[None], (b, s)),
-                          jnp.broadcast_to(jnp.arange(t)[None], (b, t)), return_dict=False)[0]
-    return t5.seq2seq_loss(logits, tgt, tgt_mask)
-
+  init, loss_fn = _bart_like(FlaxPegasusForConditionalGenerationModule(cfg, dtype=jnp.float32),
+                             cfg.decoder_start_token_id)
   return dict(_bart(), init=init, loss_fn=loss_fn)
 
 
@@ -474,20 +477,8 @@ def _big_bird():
                       intermediate_size=256, max_position_embeddings=1024,
                       hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
                       attention_type="block_sparse", block_size=16, num_random_blocks=2)
-  module = FlaxBigBirdForMaskedLMModule(cfg, dtype=jnp.float32)
-
-  def init(key):
-    t = jnp.zeros((1, 256), jnp.int32)
-    return module.init(key, t, jnp.ones_like(t), jnp.zeros_like(t), jnp.arange(256)[None], None,
-                       return_dict=False)["params"]
-
-  def loss_fn(params, tokens, mask, token_types, labels, chosen):
-    b, s = tokens.shape
-    logits = module.apply({"params": params}, tokens, mask.astype(jnp.int32), token_types,
-                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), None,
-                          return_dict=False)[0]
-    return llama.masked_cross_entropy(logits, labels, chosen)
-
+  # Initialized at a length the block-sparse pattern has room in.
+  init, loss_fn = _bert_like(FlaxBigBirdForMaskedLMModule(cfg, dtype=jnp.float32), 256)
   return dict(_bert(), init=init, loss_fn=loss_fn, lengths=(256, 384, 512),
               dims=lambda b, s: {"b": b, "s": s, "k": s // 16},
               constraints=("s == 16*k", "s >= 256", "s <= 512", "b <= 4"))
