@@ -276,6 +276,18 @@ def test_strided_convolutions_name_the_least_multiples_that_trace(fn, shape, spe
       symmem.trace(jax.grad(fn), x, polymorphic_shapes=spec, constraints=long_enough + smaller)
 
 
+def test_a_shape_check_in_the_steps_own_code_says_keep_the_axis_static():
+  def encoder(features):   # as Whisper's encoder checks its input length
+    if features.shape[1:] != (16, 400):
+      raise ValueError(f"features must be of shape (16, 400), got {features.shape[1:]}")
+    return features.sum()
+  spec = jax.ShapeDtypeStruct((2, 16, 400), jnp.float32)
+  with pytest.raises(symmem.TracingError, match=r"own code.*keep that axis static") as e:
+    symmem.trace(encoder, spec, polymorphic_shapes="b, _, f")
+  assert f"test_tracing.py:{encoder.__code__.co_firstlineno + 2}" in str(e.value)
+  symmem.trace(encoder, spec, polymorphic_shapes="b, _, _")   # as advised
+
+
 def test_bind_dims_solves_and_checks_shapes():
   spec = jax.ShapeDtypeStruct((2, 256), F32)
   traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),

@@ -24,13 +24,15 @@ from jax_symmem._src import jax_dims
 from jax_symmem._src.poly import Poly
 
 
+_NOT_THE_STEP = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
+                 os.sep + "jaxlib" + os.sep, "<frozen ")
+
+
 def user_frame(tb) -> str | None:
   """The innermost frame of the user's code in a traceback (not JAX, not us)."""
-  skip = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
-          os.sep + "jaxlib" + os.sep, "<frozen ")
   found = None
   for frame in traceback.extract_tb(tb):
-    if not any(s in frame.filename for s in skip):
+    if not any(s in frame.filename for s in _NOT_THE_STEP):
       found = f"{frame.filename}:{frame.lineno} ({frame.name}): {frame.line}"
   return found
 
@@ -100,7 +102,18 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
   if isinstance(e, jax.errors.ConcretizationTypeError):
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
+  if _raised_by_the_step(e.__traceback__):
+    return ("the step's own code (or a library it calls) raised this, not JAX: it checks a "
+            "shape against a fixed size (Whisper's encoder accepts one length of features) or "
+            "cannot take a symbolic one; keep that axis static ('_' in polymorphic_shapes), or "
+            "add a constraint that makes the check pass for every allowed shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _raised_by_the_step(tb) -> bool:
+  """Whether the innermost frame of a traceback is outside JAX, jaxlib and jax_symmem."""
+  frames = traceback.extract_tb(tb)
+  return bool(frames) and not any(s in frames[-1].filename for s in _NOT_THE_STEP)
 
 
 def _spec_dims(specs) -> set[str]:
