@@ -194,6 +194,16 @@ def test_python_if_on_a_dim_says_add_a_constraint():
   symmem.trace(f, jnp.zeros(200), polymorphic_shapes="s", constraints=("s >= 129",))
 
 
+def test_a_comparison_of_a_dim_plus_a_constant_is_advised_as_a_bound_on_the_dim():
+  def frames(x):   # as optax's CTC loss reads the last two frames of k - 1
+    n = x.shape[0] - 1
+    return x[:n].sum() if n >= 1 else x.sum()
+  with pytest.raises(symmem.TracingError) as e:
+    symmem.trace(frames, jnp.zeros(8), polymorphic_shapes="s")
+  assert "'s >= 2' if s - 1 >= 1 holds" in str(e.value) and "'s <= 1' if it never" in str(e.value)
+  symmem.trace(frames, jnp.zeros(8), polymorphic_shapes="s", constraints=("s >= 2",))
+
+
 def test_data_dependent_shape_says_give_a_static_size():
   with pytest.raises(symmem.TracingError, match="size="):
     symmem.trace(lambda x: jnp.nonzero(x), jnp.zeros(4), polymorphic_shapes="s")

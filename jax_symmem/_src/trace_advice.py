@@ -21,7 +21,7 @@ import jax
 
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
-from jax_symmem._src.poly import Poly
+from jax_symmem._src.poly import Poly, Var
 
 
 _NOT_THE_STEP = (os.sep + "jax" + os.sep, os.sep + "jax_symmem" + os.sep + "_src" + os.sep,
@@ -257,6 +257,12 @@ def _deciding_constraints(msg: str) -> str:
   if not m:
     return "e.g. 's >= 129'"
   lhs, op, rhs = m.groups()
+  bound = _as_bound(lhs, op, rhs)
+  if bound is not None:   # 'k - 1' >= '1' reads better as 'k >= 2'
+    v, rel, t = bound
+    false = f"{v} <= {t - 1}" if rel == ">=" else f"{v} >= {t + 1}"
+    return (f"'{v} {rel} {t}' if {lhs} {op} {rhs} holds for all your batches, "
+            f"'{false}' if it never does")
   def shifted(k):   # rhs + k
     return str(int(rhs) + k) if re.fullmatch(r"-?\d+", rhs) else f"{rhs} {'+-'[k < 0]} {abs(k)}"
   true, false = {">": ((">=", 1), ("<=", 0)), ">=": ((">=", 0), ("<=", -1)),
@@ -264,6 +270,29 @@ def _deciding_constraints(msg: str) -> str:
   as_string = lambda rel, k: f"'{lhs} {rel} {shifted(k) if k else rhs}'"
   return (f"{as_string(*true)} if {lhs} {op} {rhs} holds for all your batches, "
           f"{as_string(*false)} if it never does")
+
+
+def _as_bound(lhs: str, op: str, rhs: str) -> tuple[str, str, int] | None:
+  """`lhs op rhs` as (v, ">=" or "<=", t) where lhs - rhs is v or -v plus a constant."""
+  try:
+    d = jax_dims.parse(lhs) - jax_dims.parse(rhs)
+  except Exception:  # noqa: BLE001 - not an expression the parser reads: no bound
+    return None
+  atoms = d.atoms()
+  if d.degree() != 1 or len(atoms) != 1 or not isinstance(next(iter(atoms)), Var):
+    return None
+  (atom,) = atoms
+  v, a, c = atom.name, d.as_dict()[((atom, 1),)], d.constant
+  if a not in (1, -1):
+    return None
+  # a*v + c op 0, with a = +-1: v op' -a*c, op' flipped where a = -1; strict ones shifted
+  t = -a * c
+  rel = op if a == 1 else {">": "<", ">=": "<=", "<": ">", "<=": ">="}[op]
+  if rel == ">":
+    return v, ">=", t + 1
+  if rel == "<":
+    return v, "<=", t - 1
+  return v, rel, t
 
 
 def _spec_mismatches(args, specs, msg: str = "") -> str:
