@@ -298,6 +298,24 @@ def test_a_shape_check_in_the_steps_own_code_says_keep_the_axis_static():
   symmem.trace(encoder, spec, polymorphic_shapes="b, _, _")   # as advised
 
 
+@pytest.mark.parametrize("fn, advised, spec, constraints", [
+    # Python and NumPy want a number: the advice, and the step as written for JAX traces.
+    (lambda x: sum(x[i] for i in range(x.shape[0])), "Python or NumPy needed a concrete number",
+     None, None),
+    (lambda x: x + np.zeros(x.shape, np.float32), "jnp.zeros(x.shape)", None, None),
+    (lambda x: jnp.split(x, 2)[0].sum(), "constraints=('s == 2*k',)", "s", ("s == 2*k",)),
+    (lambda x: x[jax.random.permutation(jax.random.PRNGKey(0), x.shape[0])],
+     "keep that axis static", "_", ()),
+])
+def test_common_ways_a_step_needs_a_concrete_size_say_what_to_write(fn, advised, spec, constraints):
+  x = jax.ShapeDtypeStruct((16,), jnp.float32)
+  with pytest.raises(symmem.TracingError) as e:
+    symmem.trace(fn, x, polymorphic_shapes="s")
+  assert advised in str(e.value)
+  if spec is not None:   # as advised, it traces
+    symmem.trace(fn, x, polymorphic_shapes=spec, constraints=constraints)
+
+
 def test_bind_dims_solves_and_checks_shapes():
   spec = jax.ShapeDtypeStruct((2, 256), F32)
   traced = symmem.trace(lambda x, y: x.sum() + y.sum(), spec, jax.ShapeDtypeStruct((4,), F32),

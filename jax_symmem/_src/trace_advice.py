@@ -55,6 +55,12 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
             f"padded length (blocks of {n}, or a slice back to {dim}): declare the length a "
             f"multiple, constraints=('{dim} == {n}*k',), with batches padded to a multiple of "
             f"{n} (e.g. a tokenizer's pad_to_multiple_of={n})")
+  remainder = re.search(r"rest is mod\(([A-Za-z_]\w*), (\d+)\)", msg)
+  if remainder:   # jnp.split / array_split into n equal parts of a symbolic length
+    dim, n = remainder.groups()
+    return (f"splitting {dim} into {n} equal parts needs {dim} divisible by {n}, which JAX "
+            f"cannot prove: declare it a multiple, constraints=('{dim} == {n}*k',) (or "
+            f"polymorphic_shapes with {n}*k for {dim})")
   if mismatch:
     hint = _spec_mismatches(args, specs, msg)
     if hint:
@@ -102,6 +108,16 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
   if isinstance(e, jax.errors.ConcretizationTypeError):
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
+  if "used in a context that requires a constant" in msg:
+    return ("this operation needs a size known when tracing (a permutation's length, a "
+            "static argument such as a number of segments, a Python-level size): keep that "
+            "axis static ('_' in polymorphic_shapes), or pass the size as a static argument")
+  if re.search(r"_DimExpr|DimExpr'", msg) and _raised_by_the_step(e.__traceback__):
+    return ("Python or NumPy needed a concrete number where the code passed a symbolic "
+            "dimension (range(s), np.zeros(x.shape), math.sqrt(s), float(s)): write it with "
+            "jax.numpy and lax on the dims (jnp.zeros(x.shape), jnp.arange(s), jnp.sqrt(s), "
+            "lax.fori_loop or lax.scan for a loop over the axis), or keep that axis static "
+            "('_' in polymorphic_shapes)")
   if _raised_by_the_step(e.__traceback__):
     return ("the step's own code (or a library it calls) raised this, not JAX: it checks a "
             "shape against a fixed size (Whisper's encoder accepts one length of features) or "
