@@ -299,7 +299,7 @@ def test_a_shape_check_in_the_steps_own_code_says_keep_the_axis_static():
 
 
 @pytest.mark.parametrize("fn, advised, spec, constraints", [
-    # Python and NumPy want a number: the advice, and the step as written for JAX traces.
+    # Python and NumPy want a number: the advice names the jax.numpy and lax ways.
     (lambda x: sum(x[i] for i in range(x.shape[0])), "Python or NumPy needed a concrete number",
      None, None),
     (lambda x: x + np.zeros(x.shape, np.float32), "jnp.zeros(x.shape)", None, None),
