@@ -2,10 +2,11 @@
 
 `advice(e, ...)` reads the error JAX raised while tracing (its message, the argument
 specs and the user's constraints) and says what change makes the step traceable: the
-constraint that decides a comparison, the multiple a strided convolution or a blocked
-attention needs, the bound that makes a clamped slice exact, a static size for a
-data-dependent shape. `user_frame` finds the user's line in the traceback. Messages
-only: nothing here changes how a step traces.
+constraint that decides a comparison, the multiple a strided convolution, a split or a
+blocked attention needs, the bound that makes a clamped slice exact, a static size for a
+data-dependent shape, the jax.numpy way where Python or NumPy was handed a symbolic dim,
+an axis to keep static where the step's own code checks a shape. `user_frame` finds the
+user's line in the traceback. Messages only: nothing here changes how a step traces.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ def user_frame(tb) -> str | None:
 
 
 def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ()) -> str:
+  """What to do about `e`, raised tracing a step of `args` as `specs` under `constraints`."""
   msg = str(e)
   bounds = _clamped_slices(msg)
   if bounds:
