@@ -303,6 +303,7 @@ def test_a_shape_check_in_the_steps_own_code_says_keep_the_axis_static():
     (lambda x: sum(x[i] for i in range(x.shape[0])), "Python or NumPy needed a concrete number",
      None, None),
     (lambda x: x + np.zeros(x.shape, np.float32), "jnp.zeros(x.shape)", None, None),
+    (lambda x: x + np.arange(x.shape[0]), "jnp.arange(s)", None, None),
     (lambda x: jnp.split(x, 2)[0].sum(), "constraints=('s == 2*k',)", "s", ("s == 2*k",)),
     (lambda x: x[jax.random.permutation(jax.random.PRNGKey(0), x.shape[0])],
      "keep that axis static", "_", ()),

@@ -105,8 +105,10 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
   if isinstance(e, jax.errors.ConcretizationTypeError) and re.search(
       r"traced array with shape \w+\[\]", msg) and "size argument" not in msg:
     return ("a size computed from a symbolic dimension became an array (float arithmetic such "
-            "as int(1.25 * s), math.ceil, or a jnp function of a dim): keep size arithmetic in "
-            "integers on the dims, e.g. (5 * s) // 4, or pass the size as a static argument")
+            "as int(1.25 * s), math.ceil, a jnp function of a dim, or a NumPy one such as "
+            "np.arange(s)): keep size arithmetic in integers on the dims, e.g. (5 * s) // 4, "
+            "build arrays of a dim's size with jax.numpy (jnp.arange(s)), or pass the size as "
+            "a static argument")
   if isinstance(e, jax.errors.ConcretizationTypeError):
     return ("the output shape depends on array values (e.g. nonzero, unique, boolean masks); "
             "give a static size (jnp.nonzero(x, size=...)) or use a mask of the full shape")
