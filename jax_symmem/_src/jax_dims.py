@@ -108,5 +108,15 @@ def parse_with_jax(expr: str) -> Poly:
   return to_poly(dims[0])
 
 
+def dims_of(tree) -> set[str]:
+  """The dimension variables in the shapes of a pytree of arrays or specs."""
+  names: set[str] = set()
+  for leaf in jax.tree_util.tree_leaves(tree):
+    for d in getattr(leaf, "shape", ()):
+      if is_symbolic(d):
+        names |= to_poly(d).variables()
+  return names
+
+
 def shape_to_polys(shape) -> tuple[Poly, ...]:
   return tuple(to_poly(d) for d in shape)

@@ -22,6 +22,7 @@ import jax
 
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly, Var
 
 
@@ -94,7 +95,7 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
                "padding) that JAX cannot decide or prove equal (a stride-2 3x3 convolution gives "
                "floordiv(h - 1, 2) + 1, a 1x1 one -floordiv(-h, 2)): declare the dim a multiple "
                "of the total stride")
-    multiples, replaced = _stride_multiples(msg, _spec_dims(specs), constraints)
+    multiples, replaced = _stride_multiples(msg, jax_dims.dims_of(specs), constraints)
     if multiples:
       return (f"{general}: here constraints=({', '.join(map(repr, multiples))},) (the least "
               "multiples that make the floor divisions in the message exact)"
@@ -136,59 +137,9 @@ def _raised_by_the_step(tb) -> bool:
   return bool(frames) and not any(s in frames[-1].filename for s in _NOT_THE_STEP)
 
 
-def _spec_dims(specs) -> set[str]:
-  """The dimension variables of the traced argument specs."""
-  names: set[str] = set()
-  for leaf in jax.tree_util.tree_leaves(specs):
-    for d in getattr(leaf, "shape", ()):
-      if jax_dims.is_symbolic(d):
-        names |= jax_dims.to_poly(d).variables()
-  return names
-
-
-def _floordiv_divisors(msg: str) -> dict[str, int]:
-  """For each name inside floordiv(..., c) calls of an error message: the least common
-  multiple, over its occurrences, of the product of the constant divisors around it."""
-  found: dict[str, int] = {}
-  # Each open call: [is floordiv, argument index, {name: product so far}, divisor tokens]
-  stack: list[list] = []
-  for tok in re.findall(r"[A-Za-z_]\w*\(|\(|\)|,|[A-Za-z_]\w*|-?\d+", msg):
-    if tok.endswith("("):
-      stack.append([tok == "floordiv(", 0, {}, []])
-    elif tok == ",":
-      if stack:
-        stack[-1][1] += 1
-    elif tok == ")":
-      if not stack:
-        continue
-      is_floordiv, _, names, divisor = stack.pop()
-      if is_floordiv:
-        c = int(divisor[0]) if len(divisor) == 1 and divisor[0].isdigit() else 0
-        names = {n: m * c for n, m in names.items()} if c > 1 else {}
-      into = stack[-1][2] if stack else found
-      for n, m in names.items():
-        into[n] = math.lcm(into.get(n, 1), m)
-    elif stack:
-      top = stack[-1]
-      if top[0] and top[1] == 1:
-        top[3].append(tok)
-      elif tok[0].isalpha() or tok[0] == "_":
-        top[2].setdefault(tok, 1)
-  return {n: m for n, m in found.items() if m > 1}
-
-
-_LARGEST_CHECKED = 4096
-
-
-def _least_multiples(msg: str, products: dict[str, int]) -> dict[str, int]:
-  """For each dim, the least divisor m of its product of divisors (`_floordiv_divisors`) with
-  which every outermost floordiv(...) call of the message is affine in k where dim = m*k (so
-  JAX's simplification makes it exact): a 'SAME' convolution's backward adds a floor division
-  its forward did not need. The products where a call does not parse, or where they are
-  too large to check in a moment (evaluations grow with the product: 78 ms for Wav2Vec2's
-  320)."""
-  if not products or max(products.values()) > _LARGEST_CHECKED:
-    return products
+def _floordiv_calls(msg: str) -> list[Poly]:
+  """Each outermost floordiv(...) call of an error message, parsed ([] where one does not
+  parse: the message is then not of the form this module reads)."""
   calls, opened, start = [], [], None   # opened: for each open parenthesis, floordiv's?
   for m in re.finditer(r"floordiv\(|\(|\)", msg):
     if m.group() != ")":
@@ -198,10 +149,42 @@ def _least_multiples(msg: str, products: dict[str, int]) -> dict[str, int]:
     elif opened and opened.pop() and True not in opened:
       calls.append(msg[start:m.end()])
   try:
-    polys = [jax_dims.parse(c) for c in dict.fromkeys(calls)]
-  except Exception:  # noqa: BLE001 - an expression of another form: keep the products
-    return products
-  if not polys:
+    return [jax_dims.parse(c) for c in dict.fromkeys(calls)]
+  except Exception:  # noqa: BLE001 - an expression of another form
+    return []
+
+
+def _divisor_products(polys: Sequence[Poly]) -> dict[str, int]:
+  """For each dim inside floordiv(..., c) atoms of `polys`: the least common multiple, over
+  its occurrences, of the product of the constant divisors c > 1 around it."""
+  found: dict[str, int] = {}
+
+  def walk(p: Poly, product: int) -> None:
+    for mono, _ in p.terms:
+      for a, _ in mono:
+        if isinstance(a, Var):
+          found[a.name] = math.lcm(found.get(a.name, 1), product)
+        elif a.op != poly_lib.FLOORDIV:
+          for operand in a.operands:
+            walk(operand, product)
+        elif a.operands[1].is_constant() and a.operands[1].constant > 1:
+          walk(a.operands[0], product * a.operands[1].constant)
+
+  for p in polys:
+    walk(p, 1)
+  return {n: m for n, m in found.items() if m > 1}
+
+
+_LARGEST_CHECKED = 4096
+
+
+def _least_multiples(polys: Sequence[Poly], products: dict[str, int]) -> dict[str, int]:
+  """For each dim, the least divisor m of its product of divisors (`_divisor_products`)
+  with which every one of `polys` is affine in k where dim = m*k (so JAX's simplification
+  makes it exact): a 'SAME' convolution's backward adds a floor division its forward did
+  not need. The products where they are too large to check in a moment (evaluations grow
+  with the product: 78 ms for Wav2Vec2's 320)."""
+  if not products or max(products.values()) > _LARGEST_CHECKED:
     return products
   least = dict(products)
   for name in sorted(products):
@@ -241,7 +224,8 @@ def _stride_multiples(msg: str, dims: set[str], constraints: Sequence[str]
       declared[m.group(3)] = (m.group(1), int(m.group(2)), c)
   taken = set(dims) | {v for v, _, _ in declared.values()} | set(declared)
   out, replaced = [], []
-  for name, n in sorted(_least_multiples(msg, _floordiv_divisors(msg)).items()):
+  polys = _floordiv_calls(msg)
+  for name, n in sorted(_least_multiples(polys, _divisor_products(polys)).items()):
     if name not in dims:
       return [], []
     if name in declared:

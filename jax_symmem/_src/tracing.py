@@ -847,11 +847,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     A `TracedProgram` whose avals carry JAX symbolic dimensions.
   """
   specs = symbolic_specs(args, polymorphic_shapes, constraints)
-  dims: set[str] = set()
-  for leaf in jax.tree_util.tree_leaves(specs):
-    for d in leaf.shape:
-      if jax_dims.is_symbolic(d):
-        dims |= jax_dims.to_poly(d).variables()
+  dims = jax_dims.dims_of(specs)
   cons = constraints_lib.parse_constraints(tuple(constraints), variables=dims)
   constraints_lib.check_variables(tuple(constraints), dims)
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
