@@ -169,13 +169,11 @@ def test_before_refusing_the_rounds_the_best_ratio_puts_within_the_budget_are_tr
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, last=10,
                                  as_written=11)
   assert [j for j, _ in tried] == [3, 10, 9, 7] and fits(tried[-1][1])
-  # A budget below every round refuses only after every round was compiled, the planner's
-  # last and the step as written first once the capped search ends...
+  # A budget below every round refuses only after every round was compiled...
   fits = lambda b: b <= 400
   tried = variants.search_rounds(peaks, analysis.first_round(peaks, fits)[0], peaks[9],
                                  xla.__getitem__, fits, last=10, as_written=11)
   assert sorted(j for j, _ in tried) == list(range(len(peaks)))
-  assert 11 in [j for j, _ in tried][:2 + variants.MAX_RECOMPILES]
   # ...unless what every round holds (XLA's arguments and outputs) is over the budget.
   tried = variants.search_rounds(peaks, analysis.first_round(peaks, fits)[0], peaks[9],
                                  xla.__getitem__, fits, last=10, as_written=11,
@@ -202,6 +200,34 @@ def test_a_round_far_below_its_neighbours_is_found_before_a_refusal(budget_mib):
   k = analysis.first_round(peaks, fits)[0]
   tried = variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits, scale={}, last=13)
   assert tried[-1][0] == 5 and len({j for j, _ in tried}) == len(tried)
+
+
+# transformers' Flax BigBird (experiments.third_party, b=4, s=512), MiB: predicted footprint /
+# XLA's figure of rounds 0..24 under a budget. The model underestimates the later rounds
+# more and more (XLA's scatter-adds of the gathered blocks' gradients): rounds 10-24 are
+# predicted 39.3-43.6 and come out 46.6-53.7.
+_BIG_BIRD_512 = [
+    (90.7, 90.0), (93.7, 93.0), (88.1, 88.3), (84.2, 86.4), (78.7, 81.0), (76.7, 79.0),
+    (74.4, 81.2), (76.3, 77.4), (45.9, 47.5), (43.6, 45.5), (43.6, 49.1), (43.6, 46.8),
+    (43.4, 50.4), (43.4, 47.7), (43.4, 53.7), (42.6, 53.7), (41.2, 53.3), (41.2, 52.9),
+    (41.2, 52.9), (41.2, 46.6), (40.9, 46.6), (39.8, 46.6), (39.8, 47.4), (39.6, 46.6),
+    (39.3, 46.6)]
+
+
+def test_before_refusing_the_round_its_compiled_neighbours_predict_lowest_comes_first():
+  # Only round 9 fits 46 MiB. The capped search compiles 8 (just over), 15, 24 and 23; by
+  # increasing modeled peak the rounds left came in the order 22, 21, ..., 10, 9: 16
+  # compiles. Round 9's neighbours on the ladder (8 and 15, XLA/model 1.03 and 1.26) put
+  # it lowest of those left.
+  peaks = [int(p * MiB) for p, _ in _BIG_BIRD_512]
+  xla = [int(x * MiB) for _, x in _BIG_BIRD_512]
+  fits = lambda b: b <= 46 * MiB
+  assert [k for k, x in enumerate(xla) if fits(x)] == [9]
+  k = analysis.first_round(peaks, fits)[0]
+  tried = [j for j, _ in variants.search_rounds(peaks, k, peaks[k], xla.__getitem__, fits,
+                                                scale={}, last=24)]
+  assert tried[:1 + variants.MAX_RECOMPILES] == [8, 15, 24, 23] and tried[-1] == 9
+  assert len(tried) == 2 + variants.MAX_RECOMPILES
 
 
 # A Flax ResNet (BatchNorm, 3x3 convs) at b=8, 64x64, measured by a helper probing conv
