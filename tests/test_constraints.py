@@ -1,5 +1,6 @@
 """Constraint normalization: bounds, substitutions, general inequalities, contradictions."""
 
+import itertools
 import random
 
 import pytest
@@ -163,3 +164,40 @@ def test_a_bound_that_comes_through_a_multiple_names_its_constraint():
   c = parse_constraints(("h <= 128", "h == 8*k"), variables=("k",))
   msg = c.violation({"k": 17})
   assert "k = 17 is outside [1, 16]" in msg and "h <= 128" in msg and "h == 8*k" in msg
+
+
+def test_cut_corners_are_the_largest_points_a_general_inequality_allows():
+  c = parse_constraints(("b <= 64", "s <= 256", "s >= 2", "b*s <= 2048"), ["b", "s"])
+  assert c.cut_corners() == [{"b": 64, "s": 32}, {"b": 8, "s": 256}]
+  # Through a declared multiple: the corners are in the free dims (s == 128*k: k).
+  c = parse_constraints(("s == 128*k", "b <= 16", "s <= 1024", "b*s <= 4096"), ["b", "s"])
+  assert [c.complete(p) for p in c.cut_corners()] == [{"b": 16, "k": 2, "s": 256},
+                                                       {"b": 4, "k": 8, "s": 1024}]
+  # Nothing cut off: the box's corner is allowed.
+  assert parse_constraints(("b <= 8", "s <= 64", "b*s <= 512"), ["b", "s"]).cut_corners() == []
+  assert parse_constraints(("b <= 8", "s <= 64"), ["b", "s"]).cut_corners() == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_cut_corners_match_brute_force_on_downward_closed_constraints(seed):
+  # Inequalities whose allowed set is closed downwards (a point below an allowed one is
+  # allowed): each corner is the lexicographically largest allowed point, its dim first,
+  # the others in their order after it (so no dim can grow at a corner).
+  rng = random.Random(seed)
+  his = {v: rng.randint(2, 12) for v in "abc"}
+  terms = [rng.choice(["a*b", "b*c", "a*c", "a*b*c", "a", "b", "c", "a^2"])
+           for _ in range(rng.randint(1, 3))]
+  total = " + ".join(f"{rng.randint(1, 3)}*{t}" for t in terms)
+  limit = rng.randint(3, 200)
+  c = parse_constraints((*(f"{v} <= {h}" for v, h in his.items()), f"{total} <= {limit}"),
+                        list("abc"))
+  box = [dict(zip("abc", p)) for p in itertools.product(*(range(1, his[v] + 1) for v in "abc"))]
+  allowed = [p for p in box if c.allows(p)]
+  want = []
+  if allowed and not c.allows(his):
+    for i in range(3):
+      order = "abc"[i:] + "abc"[:i]
+      best = max(allowed, key=lambda p: tuple(p[v] for v in order))
+      if best not in want:
+        want.append(best)
+  assert c.cut_corners() == want

@@ -150,6 +150,22 @@ def test_rounds_go_on_at_smaller_shapes_once_the_largest_runs_out():
   # (At the midpoint, the largest dims' rounds already reach the floor on this model.)
   assert (min(r.peak_at(geo) for r in a.rounds) < min(r.peak_at(geo) for r in main_only))
 
+def test_rounds_are_also_planned_at_the_corners_a_token_budget_cuts():
+  # Batches of at most 2048 tokens: no call has the box's corner (b=64, s=256), where the
+  # rounds are planned first; then at the largest allowed points, many short sequences
+  # (64, 32) and a few long ones (8, 256), which lowers the ladder's floor there.
+  a = symmem.analyze(transformer.make_train_step(CFG), *programs.transformer_args(CFG, 2, 8),
+                     polymorphic_shapes=(None, "b, s", "b, s"),
+                     constraints=("b <= 64", "s >= 2", "s <= 256", "b*s <= 2048"))
+  corners = [{"b": 64, "s": 32}, {"b": 8, "s": 256}]
+  later = remat._smaller_shapes(a.graph, a.graph.max_dims())
+  assert later[:2] == corners and all(a.graph.constraints.allows(s) for s in later)
+  main_only, _ = remat.plan_rounds(a.graph, a.rounds[0].order, later_shapes=[])
+  floor = lambda rounds, at: min(r.peak_at(at) for r in rounds)
+  assert all(floor(a.rounds, c) <= floor(main_only, c) for c in corners)
+  assert floor(a.rounds, corners[0]) < floor(main_only, corners[0])
+
+
 def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():
   a = _analysis()
   dims = a.graph.max_dims()

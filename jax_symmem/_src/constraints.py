@@ -81,6 +81,41 @@ class Constraints:
         return f"{p} >= 0 fails ({p.evaluate(env)})" + self._origin(None)
     return None
 
+  def allows(self, env: Mapping[str, int]) -> bool:
+    """Whether `env` (the free dims) with its eliminated dims filled in meets every constraint."""
+    try:
+      return self.violation(self.complete(env)) is None
+    except ZeroDivisionError:
+      return False
+
+  def cut_corners(self) -> list[dict[str, int]]:
+    """Where general inequalities cut off the box's largest corner ("b*s <= 8192" with
+    b <= 64 and s <= 1024: no batch of 64 sequences of 1024): for each bounded dim, the
+    point with it as large as allowed and each other bounded dim after it, in turn, as
+    large as then allowed ((64, 128) and (8, 1024)); [] where the corner is allowed.
+
+    Each dim's largest value is found by bisection, which is exact where the allowed
+    values of a dim, the others fixed, run from its lower bound up (as under bounds on
+    products and sums); elsewhere it is an allowed value, not always the largest.
+    """
+    bounded = [(v, lo, hi) for v, lo, hi in self.bounds if hi is not None]
+    floor = {v: lo for v, lo, _ in self.bounds}
+    if self.allows({**floor, **{v: hi for v, _, hi in bounded}}):
+      return []
+    corners: list[dict[str, int]] = []
+    for i in range(len(bounded)):
+      point = dict(floor)
+      for v, lo, hi in bounded[i:] + bounded[:i]:
+        if not self.allows(point):
+          break
+        while lo < hi:   # the largest allowed value of v: `lo` stays allowed
+          mid = (lo + hi + 1) // 2
+          lo, hi = (mid, hi) if self.allows({**point, v: mid}) else (lo, mid - 1)
+        point[v] = lo
+      if self.allows(point) and point not in corners:
+        corners.append(point)
+    return corners
+
   def _origin(self, var: str | None) -> str:
     # A dim's bounds also come from the dims it defines: with h == 8*k, h <= 128 bounds k.
     names = {var} | {v for v, q in self.substitutions if var in q.variables()}
