@@ -14,7 +14,9 @@ largest allowed points along the cut (`Constraints.cut_corners`, via
   largest floor to round 0's modeled peak at the long-sequence corner, at each of
   those shapes: the round it runs, XLA's figure against the budget, compiles, and the
   updated state and loss against `jax.jit` compiled with the variant's options
-  (`_common.trees_close`).
+  (`_common.trees_close`; where they differ, `_common.deviation`: recomputing rounds
+  round differently, and AdamW's first step turns a gradient element near zero into a
+  full step of either sign, so compare the first moments).
 
     python -m experiments.token_budget [--workloads llama,llama_scan,gpt2]
         [--tokens 8192] [--max_batch 64] [--budget_fraction 0.05] [--out PATH]
@@ -116,10 +118,14 @@ def run(name: str) -> dict:
            "fits": call["xla_bytes"] + call["reserved"] <= budget,
            "equal_to_jax_jit": _common.trees_close(got, want),
            "compiles": step.cache_info()["compiles"]}
+    if not row["equal_to_jax_jit"]:   # how far, and whether the gradients (first moments) agree
+      row["deviation"] = _common.deviation(got, want)
+    del got, want   # as a training loop replaces its state: not live at the next shape's call
     out["runs"].append(row)
     print(f"{name} budget {budget / MiB:.1f} MiB at ({d['b']}, {d['s']}): round {row['round']}, "
           f"XLA {row['xla_mib']:.1f} MiB, fits {row['fits']}, equal to jax.jit "
-          f"{row['equal_to_jax_jit']}, compiles so far {row['compiles']}", flush=True)
+          f"{row['equal_to_jax_jit']}, compiles so far {row['compiles']}"
+          + (f"; {row['deviation']}" if "deviation" in row else ""), flush=True)
   return out
 
 

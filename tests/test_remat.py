@@ -164,6 +164,9 @@ def test_rounds_are_also_planned_at_the_corners_a_token_budget_cuts():
   floor = lambda rounds, at: min(r.peak_at(at) for r in rounds)
   assert all(floor(a.rounds, c) <= floor(main_only, c) for c in corners)
   assert floor(a.rounds, corners[0]) < floor(main_only, corners[0])
+  # Reports evaluate sizes at an allowed shape: the corner where the values are largest.
+  assert a.graph.report_dims() == corners[1]
+  assert "at {'b': 8, 's': 256}" in a.plan and "b=8, s=256" in symmem.shape_report(a)
 
 
 def test_choose_round_picks_the_smallest_that_fits_and_names_the_minimum():

@@ -393,7 +393,7 @@ class Analysis:
   @property
   def plan(self) -> str:
     """Each round's regions: value, source line, bytes saved, cost, guard."""
-    at = self.graph.max_dims()
+    at = self.graph.report_dims()
     lines = [f"rematerialization plan for {self.traced.fun_name} "
              f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate)"]
     for k, r in enumerate(self.rounds[1:], start=1):

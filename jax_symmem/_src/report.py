@@ -29,7 +29,7 @@ def shape_report(graph, top: int = 8) -> str:
   `graph`: a `ShapeGraph`, or the `TracedProgram` / `Analysis` it comes from."""
   graph = _graph_of(graph)
   tp = graph.traced
-  at = graph.max_dims()
+  at = graph.report_dims()
   at_str = ", ".join(f"{k}={v}" for k, v in at.items())
   lines = [f"jax_symmem symbolic analysis of {tp.fun_name}",
            f"  dims:        {', '.join(tp.dims)}",
