@@ -1006,11 +1006,10 @@ def _smaller_shapes(graph: ShapeGraph, tight: Mapping[str, int]) -> list[dict[st
 
   The box's corner stays the main shape: there every value that grows with any dim is
   largest, and the rounds planned there evict them in an order that serves the allowed
-  shapes too; the cut's corners extend the ladder where those shapes' peaks lie. A
-  tiny Llama under b <= 64, s <= 256, b*s <= 2048 (experiments/RESULTS.md, "Batches
-  of a fixed number of tokens"): 4 rounds, floors 24.3 / 39.4 MiB at (64, 32) / (8, 256),
-  planned at the corner alone; 19 rounds, 10.0 / 37.0 MiB with the cut's corners too;
-  11 rounds, 17.7 / 43.5 MiB planned at (8, 256) alone.
+  shapes too (a tiny Llama under b <= 64, s <= 256, b*s <= 2048: its floor at (8, 256)
+  39.4 MiB planned at the corner, 43.5 planned at (8, 256) itself); the cut's corners
+  extend the ladder where those shapes' peaks lie (experiments/token_budget.py, b*s <=
+  8192: GPT-2's floors at (64, 128) / (8, 1024) 753.8 / 975.7 -> 617.8 / 967.6 MiB).
   """
   largest = graph.constraints.complete(tight)
   out = [c for c in map(graph.constraints.complete, graph.constraints.cut_corners())
