@@ -334,13 +334,15 @@ def test_a_recurring_shape_moves_to_the_smallest_fitting_round():
   assert variants.refine_round(peaks, tried + [(9, xla[9])], fits) is None   # nothing between 6 and 9
 
 
-def test_no_refinement_without_a_round_over_budget_below_the_one_that_fits():
+def test_refinement_only_where_a_round_before_the_fitting_one_is_predicted_to_fit():
   peaks, xla = [100, 90, 80], [130, 100, 85]
   fits = lambda b: b <= 100
-  assert variants.refine_round(peaks, [(1, xla[1])], fits) is None
+  assert variants.refine_round(peaks, [(1, xla[1])], fits) is None   # round 0: 111 by 1's ratio
   assert variants.refine_round(peaks, [(0, xla[0]), (2, xla[2])], lambda b: b <= 50) is None
   # Adjacent rounds: nothing between them.
   assert variants.refine_round(peaks, [(0, xla[0]), (1, xla[1])], fits) is None
+  # No round over the budget compiled: round 1 predicted by round 2's ratio (95.6 MiB).
+  assert variants.refine_round(peaks, [(2, xla[2])], fits) == 1
 
 
 @settings(max_examples=300, deadline=None)
