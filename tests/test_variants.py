@@ -341,7 +341,7 @@ def test_refinement_only_where_a_round_before_the_fitting_one_is_predicted_to_fi
   assert variants.refine_round(peaks, [(0, xla[0]), (2, xla[2])], lambda b: b <= 50) is None
   # Adjacent rounds: nothing between them.
   assert variants.refine_round(peaks, [(0, xla[0]), (1, xla[1])], fits) is None
-  # No round over the budget compiled: round 1 predicted by round 2's ratio (95.6 MiB).
+  # No round over the budget compiled: round 1 predicted by round 2's ratio (95.6).
   assert variants.refine_round(peaks, [(2, xla[2])], fits) == 1
 
 
