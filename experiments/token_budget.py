@@ -1,15 +1,17 @@
 """Batches of a fixed number of tokens: `b*s <= T` cuts off the box's largest corner.
 
 Token-budget batching (many short sequences or a few long ones, about T tokens a
-step) declares `b <= B, s <= S, b*s <= T`. No call has b = B and s = S, where the
+step) declares `b <= B, s <= S, b*s <= T`, or leaves b's bound to the inequality (b <=
+T/2 with s >= 2: `Constraints.planning_bounds`). No call has b = B and s = S, where the
 rounds are planned first (`ShapeGraph.max_dims`); the planner then also plans at the
 largest allowed points along the cut (`Constraints.cut_corners`, via
 `remat._smaller_shapes`). For each step (AdamW, masked loss) this prints and writes:
 
 * the ladder planned three ways: at the box's corner alone (`later_shapes=[]`), with
-  the midpoint and geometric-mean shapes as before 2026-12-06 (cut corners switched
-  off), and as planned now; the rounds and the floor (smallest modeled peak over the
-  rounds) at each shape along the cut, b = T / s for s = S/8, S/4, S/2, S;
+  the midpoint and geometric-mean shapes as before 2026-12-06 (cut corners and bounds
+  implied by the inequality switched off), and as planned now; the rounds and the
+  floor (smallest modeled peak over the rounds) at each shape along the cut, b = T / s
+  for s = S/8, S/4, S/2, S;
 * with `--budget_fraction` f, `symmem.jit` under a budget f of the way from the
   largest floor to round 0's modeled peak at the long-sequence corner, at each of
   those shapes: the round it runs, XLA's figure against the budget, compiles, and the
@@ -20,6 +22,7 @@ largest allowed points along the cut (`Constraints.cut_corners`, via
 
     python -m experiments.token_budget [--workloads llama,llama_scan,gpt2]
         [--tokens 8192] [--max_batch 64] [--budget_fraction 0.05] [--out PATH]
+    python -m experiments.token_budget --max_batch 0 --out experiments/results/token_budget_implied.json
 """
 
 from __future__ import annotations
@@ -44,7 +47,8 @@ WORKLOADS = flags.DEFINE_list("workloads", ["llama", "llama_scan", "gpt2"],
                               "steps: llama, llama_scan (nn.scan over the layers), gpt2 "
                               "(the examples' small presets, S = their max_len)")
 TOKENS = flags.DEFINE_integer("tokens", 8192, "T: b*s <= T")
-MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "B: b <= B")
+MAX_BATCH = flags.DEFINE_integer("max_batch", 64, "B: b <= B (0: no such constraint, as a "
+                                 "token budget is often declared; b <= T / 2 is implied)")
 FRACTION = flags.DEFINE_float("budget_fraction", 0.05, "where the budget sits (0: no run)")
 OUT = flags.DEFINE_string("out", "experiments/results/token_budget.json", "results file")
 
@@ -64,6 +68,15 @@ def _workload(name: str):
   raise app.UsageError(f"unknown workload {name!r}")
 
 
+@contextlib.contextmanager
+def _before():
+  """The planner before 2026-12-06: no cut corners, no bounds implied by inequalities."""
+  cls = constraints_lib.Constraints
+  with mock.patch.object(cls, "cut_corners", lambda self: []), \
+       mock.patch.object(cls, "planning_bounds", lambda self: self.bounds):
+    yield
+
+
 def _floors(analysis, shapes) -> list[float]:
   return [min(r.peak_at(d) for r in analysis.rounds) / MiB for d in shapes]
 
@@ -71,15 +84,16 @@ def _floors(analysis, shapes) -> list[float]:
 def run(name: str) -> dict:
   step_fn, state, max_len, batch = _workload(name)
   tokens = TOKENS.value
-  constraints = (f"b <= {MAX_BATCH.value}", "s >= 2", f"s <= {max_len}", f"b*s <= {tokens}")
+  batch_bound = (f"b <= {MAX_BATCH.value}",) if MAX_BATCH.value else ()
+  constraints = (*batch_bound, "s >= 2", f"s <= {max_len}", f"b*s <= {tokens}")
   lengths = [max_len // 8, max_len // 4, max_len // 2, max_len]
-  shapes = [{"b": min(MAX_BATCH.value, tokens // s), "s": s} for s in lengths]
+  shapes = [{"b": min(MAX_BATCH.value or tokens, tokens // s), "s": s} for s in lengths]
   spec = dict(polymorphic_shapes=(None, "b, s", "b, s"), constraints=constraints)
   args = (state, *batch(2, 16))
   out = {"workload": name, "constraints": constraints, "shapes": shapes, "ladders": {}}
   ways = {
       "corner_only": mock.patch.object(remat, "_smaller_shapes", lambda g, t: []),
-      "before": mock.patch.object(constraints_lib.Constraints, "cut_corners", lambda self: []),
+      "before": _before(),
       "now": contextlib.nullcontext(),
   }
   for way, patch in ways.items():

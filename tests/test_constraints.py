@@ -201,3 +201,16 @@ def test_cut_corners_match_brute_force_on_downward_closed_constraints(seed):
       if best not in want:
         want.append(best)
   assert c.cut_corners() == want
+
+
+def test_planning_bounds_add_what_general_inequalities_imply():
+  c = parse_constraints(("s <= 1024", "s >= 2", "b*s <= 8192"), ["b", "s"])
+  assert c.bounds == (("b", 1, None), ("s", 2, 1024))   # what comparisons use: unchanged
+  assert c.planning_bounds() == (("b", 1, 4096), ("s", 2, 1024))
+  assert c.cut_corners() == [{"b": 4096, "s": 2}, {"b": 8, "s": 1024}]
+  # Capped by another dim's upper bound rather than its lower one.
+  c = parse_constraints(("s <= 512", "b <= s"), ["b", "s"])
+  assert c.planning_bounds() == (("b", 1, 512), ("s", 1, 512))
+  # Nothing caps b: it stays unbounded (planned at its lower bound).
+  c = parse_constraints(("s <= 512", "b*s >= 4"), ["b", "s"])
+  assert c.planning_bounds() == (("b", 1, None), ("s", 1, 512))

@@ -88,30 +88,64 @@ class Constraints:
     except ZeroDivisionError:
       return False
 
+  def planning_bounds(self) -> tuple[tuple[str, int, int | None], ...]:
+    """`bounds`, with an upper bound that general inequalities imply for a dim without
+    one ("b*s <= 8192" and s >= 2: b <= 4096), for choosing the shapes to plan at.
+
+    The implied bound is the largest value allowed with the other dims at their lower
+    bounds, or at their upper bounds where they have them, whichever is larger (b <= s
+    caps b at s's upper bound, b*s <= n at n over s's lower bound). A heuristic, never a
+    proof: comparisons use `bounds` alone. None where nothing caps the dim below 2**40.
+    """
+    if not self.inequalities:
+      return self.bounds
+    low = {v: lo for v, lo, _ in self.bounds}
+    high = {v: (lo if hi is None else hi) for v, lo, hi in self.bounds}
+    out = []
+    for v, lo, hi in self.bounds:
+      if hi is None:
+        caps = [c for c in (self._largest(v, {**low, v: lo}, 2**40),
+                            self._largest(v, {**high, v: lo}, 2**40)) if c is not None]
+        hi = max(caps) if caps and max(caps) < 2**40 else None
+      out.append((v, lo, hi))
+    return tuple(out)
+
+  def _largest(self, v: str, point: Mapping[str, int], top: int) -> int | None:
+    """The largest value of v in [point[v], top] allowed with the other dims of `point`
+    (bisection: exact where v's allowed values, the others fixed, run from point[v]
+    up), or None where point[v] itself is not allowed."""
+    lo, hi = point[v], top
+    if not self.allows(point):
+      return None
+    while lo < hi:   # `lo` stays allowed
+      mid = (lo + hi + 1) // 2
+      lo, hi = (mid, hi) if self.allows({**point, v: mid}) else (lo, mid - 1)
+    return lo
+
   def cut_corners(self) -> list[dict[str, int]]:
     """Where general inequalities cut off the box's largest corner ("b*s <= 8192" with
     b <= 64 and s <= 1024: no batch of 64 sequences of 1024): for each bounded dim, the
     point with it as large as allowed and each other bounded dim after it, in turn, as
-    large as then allowed ((64, 128) and (8, 1024)); [] where the corner is allowed.
+    large as then allowed ((64, 128) and (8, 1024)); [] where the corner is allowed. The
+    box is `planning_bounds`' (a bound the inequalities imply counts).
 
     Each dim's largest value is found by bisection, which is exact where the allowed
     values of a dim, the others fixed, run from its lower bound up (as under bounds on
     products and sums); elsewhere it is an allowed value, not always the largest.
     """
-    bounded = [(v, lo, hi) for v, lo, hi in self.bounds if hi is not None]
-    floor = {v: lo for v, lo, _ in self.bounds}
+    bounds = self.planning_bounds()
+    bounded = [(v, lo, hi) for v, lo, hi in bounds if hi is not None]
+    floor = {v: lo for v, lo, _ in bounds}
     if self.allows({**floor, **{v: hi for v, _, hi in bounded}}):
       return []
     corners: list[dict[str, int]] = []
     for i in range(len(bounded)):
       point = dict(floor)
-      for v, lo, hi in bounded[i:] + bounded[:i]:
-        if not self.allows(point):
+      for v, _, hi in bounded[i:] + bounded[:i]:
+        largest = self._largest(v, point, hi)
+        if largest is None:
           break
-        while lo < hi:   # the largest allowed value of v: `lo` stays allowed
-          mid = (lo + hi + 1) // 2
-          lo, hi = (mid, hi) if self.allows({**point, v: mid}) else (lo, mid - 1)
-        point[v] = lo
+        point[v] = largest
       if self.allows(point) and point not in corners:
         corners.append(point)
     return corners

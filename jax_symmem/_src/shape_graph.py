@@ -315,12 +315,13 @@ class ShapeGraph:
     return sorted(self.values.values(), key=lambda v: -self.evaluate(v.bytes, **env))[:n]
 
   def max_dims(self) -> dict[str, int]:
-    """The largest allowed value of every bounded dim (unbounded dims: their lower bound).
+    """The largest allowed value of every bounded dim, a bound that general inequalities
+    imply included (`Constraints.planning_bounds`; unbounded dims: their lower bound).
 
     Where a general inequality cuts that corner off ("b*s <= 8192"), no call has it:
     the planner still plans there first (`remat._smaller_shapes`), reports use
     `report_dims`."""
-    return {v: (hi if hi is not None else lo) for v, lo, hi in self.constraints.bounds}
+    return {v: (hi if hi is not None else lo) for v, lo, hi in self.constraints.planning_bounds()}
 
   def report_dims(self) -> dict[str, int]:
     """The dims reports evaluate sizes at: `max_dims`, or where general inequalities cut
