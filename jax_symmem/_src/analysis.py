@@ -474,6 +474,22 @@ def decisions_of(analysis: Analysis) -> plan_cache.Decisions:
 
 
 @collector.paused()
+def _warn_unbounded(name: str, constraints) -> None:
+  """Says so where a dim has no upper bound, declared or implied (`planning_bounds`):
+  the plan is then made at its lower bound (`ShapeGraph.max_dims`), where a step may
+  need nothing recomputed (a tiny Llama under only 's >= 2': planned at b=1, s=2, no
+  round at all), so a budget has little or nothing to choose from at larger calls."""
+  free = [(v, lo) for v, lo, hi in constraints.planning_bounds() if hi is None]
+  if free:
+    logging.warning(
+        "jax_symmem: %s: no upper bound on %s in the constraints, so the memory plan is "
+        "made at %s, where the step may need nothing recomputed: under the budget, larger "
+        "calls have few rounds to choose from, or none; bound each by the largest value "
+        "the step is called with, e.g. constraints=(..., '%s <= 4096')", name,
+        ", ".join(repr(v) for v, _ in free), ", ".join(f"{v} = {lo}" for v, lo in free),
+        free[0][0])
+
+
 def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
                      memory_budget: int | None = None,
                      argument_divisors: Sequence[Sequence[int]] | None = None,
@@ -498,6 +514,8 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     if undo_checkpoints and tracing.has_checkpoints(traced.closed_jaxpr):
       annotated, traced = traced, tracing.trace(fun, *args, save_everything=True, **kw)
     traced_at = time.perf_counter()
+    if memory_budget is not None:
+      _warn_unbounded(name, traced.constraints)
 
     def timed(result: Analysis) -> Analysis:
       end = time.perf_counter()
