@@ -392,14 +392,19 @@ class Analysis:
 
   @property
   def plan(self) -> str:
-    """Each round's regions: value, source line, bytes saved, cost, guard."""
+    """Each round's regions: value, source line, bytes saved, cost, guard; its modeled
+    peak (the op-by-op model) and the footprint `symmem.jit` predicts for it (what it
+    compares with a budget: the model's live ranges laid out as XLA's buffer assigner
+    lays them out), which can part ways (a round's recomputation that the op-by-op model
+    counts above round 0 where XLA's layout puts it below)."""
     at = self.graph.report_dims()
     lines = [f"rematerialization plan for {self.traced.fun_name} "
              f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate)"]
     for k, r in enumerate(self.rounds[1:], start=1):
       what = " (the step as written, with its jax.checkpoint regions)" if r.as_written else ""
       lines.append(f" round {k}{what}: guard 'modeled peak of round {k - 1} + live bytes > "
-                   f"budget'; modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB")
+                   f"budget'; modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB "
+                   f"(XLA's footprint predicted: {self.dispatch_figure(k, at) / 2**20:.1f} MiB)")
       for region in r.regions:
         lines.append("   " + region.describe(r.graph, **at))
     return "\n".join(lines)
