@@ -334,18 +334,18 @@ def test_a_budget_under_a_mebibyte_is_printed_in_bytes():
 def test_a_dim_without_an_upper_bound_under_a_budget_says_where_the_plan_is_made(caplog):
   def step(x):
     return jnp.sum(jnp.tanh(x @ x.T))
-  def warnings(constraints, budget="1GiB"):
+  def unbounded_warnings(constraints, budget="1GiB"):
     caplog.clear()
     with caplog.at_level(py_logging.WARNING):
       g = symmem.jit(step, polymorphic_shapes=("b, s",), constraints=constraints,
                      memory_budget=budget)
       np.testing.assert_allclose(g(jnp.ones((4, 8))), jax.jit(step)(jnp.ones((4, 8))))
     return [r.getMessage() for r in caplog.records if "no upper bound" in r.getMessage()]
-  (w,) = warnings(("b <= 64",))
+  (w,) = unbounded_warnings(("b <= 64",))
   assert "no upper bound on 's'" in w and "made at s = 1" in w and "'s <= 4096'" in w
-  assert warnings(("b <= 64", "s <= 512")) == []
-  assert warnings(("s <= 512", "b*s <= 4096")) == []   # b <= 4096 implied
-  assert warnings((), budget=None) == []   # no budget: the plan is not used
+  assert unbounded_warnings(("b <= 64", "s <= 512")) == []
+  assert unbounded_warnings(("s <= 512", "b*s <= 4096")) == []   # b <= 4096 implied
+  assert unbounded_warnings((), budget=None) == []   # no budget: the plan is not used
 
 
 # -- arguments that are not arrays ---------------------------------------------------

@@ -150,6 +150,7 @@ def test_rounds_go_on_at_smaller_shapes_once_the_largest_runs_out():
   # (At the midpoint, the largest dims' rounds already reach the floor on this model.)
   assert (min(r.peak_at(geo) for r in a.rounds) < min(r.peak_at(geo) for r in main_only))
 
+
 def test_rounds_are_also_planned_at_the_corners_a_token_budget_cuts():
   # Batches of at most 2048 tokens: no call has the box's corner (b=64, s=256), where the
   # rounds are planned first; then at the largest allowed points, many short sequences
