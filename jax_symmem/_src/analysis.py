@@ -392,19 +392,22 @@ class Analysis:
 
   @property
   def plan(self) -> str:
-    """Each round's regions: value, source line, bytes saved, cost, guard; its modeled
-    peak (the op-by-op model) and the footprint `symmem.jit` predicts for it (what it
-    compares with a budget: the model's live ranges laid out as XLA's buffer assigner
-    lays them out), which can part ways (a round's recomputation that the op-by-op model
-    counts above round 0 where XLA's layout puts it below)."""
+    """Each round's regions: value, source line, bytes saved, cost, guard, and its peak by
+    the op-by-op model (cheap for every round). `symmem.jit` compares the footprint it
+    predicts (`dispatch_figure`: the same live ranges laid out as XLA's buffer assigner
+    lays them out) with a budget; the two can part ways (a round's recomputation that the
+    model counts above round 0 where XLA's layout puts it below), and the prediction costs
+    a layout per round (seconds for every round of a 1B-parameter step), so the plan's
+    header names it rather than printing it."""
     at = self.graph.report_dims()
     lines = [f"rematerialization plan for {self.traced.fun_name} "
-             f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate)"]
+             f"({len(self.rounds) - 1} rounds; schedule from the {self.schedule.source} candidate; "
+             "peaks by the op-by-op model: symmem.jit decides by the footprint "
+             "analysis.dispatch_figure(k, dims) predicts)"]
     for k, r in enumerate(self.rounds[1:], start=1):
       what = " (the step as written, with its jax.checkpoint regions)" if r.as_written else ""
       lines.append(f" round {k}{what}: guard 'modeled peak of round {k - 1} + live bytes > "
-                   f"budget'; modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB "
-                   f"(XLA's footprint predicted: {self.dispatch_figure(k, at) / 2**20:.1f} MiB)")
+                   f"budget'; modeled peak at {at} -> {r.peak_at(at) / 2**20:.1f} MiB")
       for region in r.regions:
         lines.append("   " + region.describe(r.graph, **at))
     return "\n".join(lines)
