@@ -535,14 +535,14 @@ def transient(graph: ShapeGraph, node: Node) -> Poly:
 
 
 def sample_points(graph: ShapeGraph) -> list[dict[str, int]]:
+  cons = graph.constraints
   axes = []
-  for v, lo, hi in graph.constraints.bounds:
+  for v, lo, hi in cons.bounds:
     top = hi if hi is not None else max(lo, 4096)
     axes.append([(v, x) for x in sorted({lo, (lo + top) // 2, top, max(lo, top // 8)})])
   points = [dict(p) for p in itertools.product(*axes)]
-  return [graph.constraints.complete(p) for p in points
-          if graph.constraints.violation(graph.constraints.complete(p)) is None] or [
-              graph.constraints.complete({v: lo for v, lo, _ in graph.constraints.bounds})]
+  return [cons.complete(p) for p in points if cons.allows(p)] or [
+      cons.complete({v: lo for v, lo, _ in cons.bounds})]
 
 
 def _prune(graph: ShapeGraph, candidates: list[tuple[int, Poly]]) -> list[tuple[int, Poly]]:
