@@ -73,7 +73,11 @@ def compile_and_read(fn, args, options: dict, name: str) -> dict:
   with tempfile.TemporaryDirectory() as dump:
     exe = jax.jit(fn).lower(*args).compile(
         compiler_options=dict(options, xla_dump_to=dump))
-    (report,) = pathlib.Path(dump).glob(f"*jit_{name}.*live-range.txt")
+    reports = list(pathlib.Path(dump).glob(f"*jit_{name}.*live-range.txt"))
+    if len(reports) != 1:
+      raise RuntimeError(f"XLA's dump of jit_{name} holds {len(reports)} live-range reports, "
+                         f"not 1 (jax {jax.__version__}; jax 0.10's XLA writes one)")
+    (report,) = reports
     live = parse_live_range(report.read_text())
   footprint = _common.xla_memory(exe)["footprint"]
   return dict(live, footprint=footprint, packing=footprint - live["peak"])

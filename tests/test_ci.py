@@ -1,4 +1,5 @@
-"""`.ci/run` runs the README's test command verbatim, then the slow tier."""
+"""`.ci/run` runs the README's test command verbatim, then the slow tier, then the fast tier
+on the oldest jax that pyproject.toml allows."""
 
 from pathlib import Path
 import re
@@ -15,6 +16,15 @@ def test_ci_runs_the_readme_test_command_then_the_slow_tier():
   readme_at = next(i for i, line in enumerate(lines) if command in line)
   slow_at = next(i for i, line in enumerate(lines) if "python -m pytest -q -m slow" in line)
   assert readme_at < slow_at
+
+
+def test_ci_runs_the_fast_tier_on_the_oldest_jax_pyproject_allows():
+  pyproject = (ROOT / "pyproject.toml").read_text()
+  (oldest,) = re.findall(r'"jax>=([0-9.]+),', pyproject)
+  assert f'"jaxlib>={oldest},' in pyproject
+  ci = (ROOT / ".ci" / "run").read_text()
+  (line,) = [line for line in ci.splitlines() if f'"jax=={oldest}"' in line]
+  assert f'"jaxlib=={oldest}"' in line and line.endswith("python -m pytest -q'")
 
 
 def _anchors(text: str) -> set[str]:

@@ -1,6 +1,8 @@
 """The bridge to JAX's private `_DimExpr`: fails loudly if JAX changes its layout."""
 
 import itertools
+from pathlib import Path
+import re
 
 import jax
 from jax import export
@@ -50,5 +52,8 @@ def test_operation_atoms_and_strings():
 
 
 def test_jax_version_is_in_the_tested_range():
-  major, minor = (int(x) for x in jax.__version__.split(".")[:2])
-  assert (major, minor) == (0, 10), "jax_symmem is tested with jax 0.10.x; see pyproject.toml"
+  pyproject = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+  lo, hi = re.search(r'"jax>=([0-9.]+),<([0-9.]+)"', pyproject).groups()
+  version = lambda text: tuple(int(x) for x in text.split("."))
+  assert version(lo) <= jax.__version_info__ < version(hi), (
+      f"jax_symmem is tested with jax >= {lo}, < {hi} (pyproject.toml), not {jax.__version__}")

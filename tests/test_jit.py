@@ -251,6 +251,8 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
 def test_round_0_compiles_as_jax_jit_where_xnnpacks_fusions_fit(monkeypatch):
   if jax.devices()[0].platform != "cpu":
     pytest.skip("XNNPACK fusions are XLA:CPU's")
+  if jax.__version_info__ < (0, 10):   # tests/test_xnnpack.py checks that
+    pytest.skip("jax 0.9's XLA:CPU forms no XNNPACK fusions by default: nothing to fit")
   fn = transformer.make_train_step(CFG)
   args, dims = _args(4, 128), {"b": 4, "s": 128}
   arg_bytes = _array_bytes(args)

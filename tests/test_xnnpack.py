@@ -78,8 +78,12 @@ def test_on_xla_cpus_own_fusions_and_on_the_budgets_single_dots():
   w, x = jnp.ones((64, 64)), jnp.asarray(np.random.RandomState(0).randn(256, 64), jnp.float32)
   own = jax.jit(_mlp).lower(w, x).compile()
   sizes = xnnpack.fusion_inner_bytes(own.as_text())
-  # XLA:CPU fuses the dot and the chain after it into XNNPACK: at least the dot's result
-  # (256 x 64 float32) lives inside a fusion; the budget's single dots hold nothing inside.
-  assert sizes and max(sizes) >= 256 * 64 * 4
+  if jax.__version_info__ < (0, 10):
+    assert not sizes   # jax 0.9's XLA:CPU leaves dots out of XNNPACK fusions by default
+  else:
+    # XLA:CPU fuses the dot and the chain after it into XNNPACK: at least the dot's result
+    # (256 x 64 float32) lives inside a fusion.
+    assert sizes and max(sizes) >= 256 * 64 * 4
+  # The budget's single dots hold nothing inside.
   single = jax.jit(_mlp).lower(w, x).compile(compiler_options=variants.XNNPACK_DOTS)
   assert xnnpack.hidden_bytes_bound(single.as_text()) == 0

@@ -13,6 +13,7 @@ from typing import Any, Union
 
 import jax
 from jax import export
+from jax._src import core as _jax_core
 from jax._src.export import shape_poly
 
 from jax_symmem._src import parse as parse_lib
@@ -20,7 +21,8 @@ from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly
 
 DimExpr = shape_poly._DimExpr
-InconclusiveDimensionOperation = jax.errors.InconclusiveDimensionOperation  # shape_poly raises subclasses
+# shape_poly raises subclasses of it; jax.errors exports it from jax 0.10 on.
+InconclusiveDimensionOperation = _jax_core.InconclusiveDimensionOperation
 
 DimLike = Union[Poly, int, str, Any]
 

@@ -26,6 +26,8 @@ from jax import api_util
 from jax import export
 import jax.extend.core as jcore
 from jax._src import ad_checkpoint as _ad_checkpoint
+# DropVar, DebugInfo and new_jaxpr_eqn are in jax.extend.core from jax 0.10 on, in
+# jax._src.core in every version pyproject.toml allows.
 from jax._src import core as _jax_core
 from jax._src import source_info_util
 
@@ -327,7 +329,7 @@ class _Flattener:
         self._emit(body.eqns, inner_env, avals, nodes,
                    _where(eqn.source_info.traceback) or outside)
         for outer, inner in zip(eqn.outvars, body.outvars):
-          if not isinstance(outer, jcore.DropVar):
+          if not isinstance(outer, _jax_core.DropVar):
             env[outer] = self._read(inner_env, inner)
         continue
       subprograms = []
@@ -340,7 +342,7 @@ class _Flattener:
         i = self.new_id()
         avals[i] = v.aval
         outs.append(i)
-        if not isinstance(v, jcore.DropVar):
+        if not isinstance(v, _jax_core.DropVar):
           env[v] = i
       nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
                         inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn, outside),
@@ -515,7 +517,7 @@ class _Splice:
         raise ValueError("an input the wanted outputs read was not given")
       return x
     for eqn in reversed(eqns):
-      outs = [v if isinstance(v, jcore.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
+      outs = [v if isinstance(v, _jax_core.DropVar) else jcore.Var(v.aval) for v in eqn.outvars]
       self.eqns.append(eqn.replace(invars=[read(v) for v in eqn.invars], outvars=outs))
       env.update(zip(eqn.outvars, outs))
     return [read(v) for v in outvars]
@@ -530,7 +532,7 @@ def splice_jaxpr(fun: Callable, avals: Sequence[Any]) -> jcore.ClosedJaxpr:
   invars = [jcore.Var(_operand_aval(a)) for a in avals]
   outvars = list(fun(splice, *invars))
   effects = _jax_core.join_effects(*(eqn.effects for eqn in splice.eqns))
-  debug = jcore.DebugInfo("splice_jaxpr", getattr(fun, "__name__", "<unknown>"), None, None)
+  debug = _jax_core.DebugInfo("splice_jaxpr", getattr(fun, "__name__", "<unknown>"), None, None)
   return jcore.ClosedJaxpr(jcore.Jaxpr(splice.constvars, invars, outvars, splice.eqns, effects,
                                        debug), splice.consts)
 
@@ -561,9 +563,9 @@ def node_from_primitive(primitive, operand_avals: Sequence[Any], params: Mapping
   invars = [jcore.Var(_operand_aval(a)) for a in operand_avals]
   out_avals, effects = primitive.abstract_eval(*(v.aval for v in invars), **params)
   outvars = [jcore.Var(a) for a in (out_avals if primitive.multiple_results else [out_avals])]
-  eqn = jcore.new_jaxpr_eqn(invars, outvars, primitive, dict(params), effects,
+  eqn = _jax_core.new_jaxpr_eqn(invars, outvars, primitive, dict(params), effects,
                             source_info_util.new_source_info())
-  debug = jcore.DebugInfo("node_from_primitive", primitive.name, None, None)
+  debug = _jax_core.DebugInfo("node_from_primitive", primitive.name, None, None)
   program = flatten(jcore.ClosedJaxpr(jcore.Jaxpr([], invars, outvars, [eqn], effects, debug),
                                       []), start)
   return program.nodes[0], program
