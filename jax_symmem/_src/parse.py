@@ -30,7 +30,6 @@ over plain operands whose result is known is read by `parse_operation`.
 from __future__ import annotations
 
 import re
-import sys
 
 from jax_symmem._src import poly as poly_lib
 from jax_symmem._src.poly import Poly, Var
@@ -108,9 +107,9 @@ def _canonical(terms: dict[tuple[tuple[str, int], ...], int]) -> Poly:
 
 # The common case, checked by one regex: signs only between terms (and one in
 # front), no negative literals. Spaces only around operators, so dropping them
-# joins no tokens. Quantifiers are possessive where Python has them (3.11): no
-# token can give characters back to the next one, so backtracking only wastes time.
-_P = "+" if sys.version_info >= (3, 11) else ""
+# joins no tokens. Quantifiers are possessive (Python >= 3.11): no token can give
+# characters back to the next one, so backtracking only wastes time.
+_P = "+"
 _FACTOR = rf"(?:[A-Za-z_][A-Za-z0-9_]*{_P}|[1-9][0-9]*{_P}|0)(?: *{_P}\^ *{_P}(?:[1-9][0-9]*{_P}|0))?{_P}"
 _TERM = rf"{_FACTOR}(?: *{_P}\* *{_P}{_FACTOR})*{_P}"
 _PLAIN = re.compile(rf" *{_P}[-+]?{_P} *{_P}{_TERM}(?: *{_P}[-+] *{_P}{_TERM})*{_P} *{_P}")
