@@ -59,7 +59,7 @@ if [ "${GPU_CHECK_HALF_FLOATS:-0}" != 0 ]; then
   echo "== bench_half_floats: exit $?"
 fi
 
-# Off by default: .ci/next_jax.sh runs the whole suite on a newer jax without a device.
+# Off by default: .ci/newest_jax.sh runs the whole suite on a newer jax without a device.
 if [ "${GPU_CHECK_TEST_LIMIT:-0}" != 0 ]; then
   echo "== tests that pin JAX internals, on this machine's jax (CPU)"
   JAX_PLATFORMS=cpu timeout "$GPU_CHECK_TEST_LIMIT" $PY -m pytest -q -p no:cacheprovider \

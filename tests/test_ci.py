@@ -1,5 +1,5 @@
 """`.ci/run` runs the README's test command verbatim, then the slow tier, then the fast tier
-on the oldest jax that pyproject.toml allows."""
+on the oldest and on the newest jax that pyproject.toml allows."""
 
 from pathlib import Path
 import re
@@ -18,13 +18,19 @@ def test_ci_runs_the_readme_test_command_then_the_slow_tier():
   assert readme_at < slow_at
 
 
-def test_ci_runs_the_fast_tier_on_the_oldest_jax_pyproject_allows():
+def test_ci_runs_the_fast_tier_on_the_oldest_and_newest_jax_pyproject_allows():
   pyproject = (ROOT / "pyproject.toml").read_text()
-  (oldest,) = re.findall(r'"jax>=([0-9.]+),', pyproject)
-  assert f'"jaxlib>={oldest},' in pyproject
+  ((oldest, below),) = re.findall(r'"jax>=([0-9.]+),<([0-9.]+)"', pyproject)
+  assert f'"jaxlib>={oldest},<{below}"' in pyproject
   ci = (ROOT / ".ci" / "run").read_text()
   (line,) = [line for line in ci.splitlines() if f'"jax=={oldest}"' in line]
   assert f'"jaxlib=={oldest}"' in line and line.endswith("python -m pytest -q'")
+  assert "tier bash .ci/newest_jax.sh" in ci.splitlines()
+  # Its default is a release of the newest minor version the pin allows.
+  (newest,) = re.findall(r"JAX_VERSION=\$\{JAX_VERSION:-([0-9.]+)\}",
+                         (ROOT / ".ci" / "newest_jax.sh").read_text())
+  major, minor = (int(x) for x in below.split(".")[:2])
+  assert newest.startswith(f"{major}.{minor - 1}.")
 
 
 def _anchors(text: str) -> set[str]:
