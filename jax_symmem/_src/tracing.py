@@ -564,7 +564,7 @@ def node_from_primitive(primitive, operand_avals: Sequence[Any], params: Mapping
   out_avals, effects = primitive.abstract_eval(*(v.aval for v in invars), **params)
   outvars = [jcore.Var(a) for a in (out_avals if primitive.multiple_results else [out_avals])]
   eqn = _jax_core.new_jaxpr_eqn(invars, outvars, primitive, dict(params), effects,
-                            source_info_util.new_source_info())
+                                source_info_util.new_source_info())
   debug = _jax_core.DebugInfo("node_from_primitive", primitive.name, None, None)
   program = flatten(jcore.ClosedJaxpr(jcore.Jaxpr([], invars, outvars, [eqn], effects, debug),
                                       []), start)
