@@ -1,5 +1,5 @@
-"""`.ci/run` runs the README's test command verbatim, then the slow tier, then the fast tier
-on the oldest and on the newest jax that pyproject.toml allows."""
+"""`.ci/run` runs the README's test command verbatim, then the slow tier, then the fast tests
+of what reads JAX internals on the oldest and on the newest jax that pyproject.toml allows."""
 
 from pathlib import Path
 import re
@@ -24,8 +24,13 @@ def test_ci_runs_the_fast_tier_on_the_oldest_and_newest_jax_pyproject_allows():
   assert f'"jaxlib>={oldest},<{below}"' in pyproject
   ci = (ROOT / ".ci" / "run").read_text()
   (line,) = [line for line in ci.splitlines() if f'"jax=={oldest}"' in line]
-  assert f'"jaxlib=={oldest}"' in line and line.endswith("python -m pytest -q'")
-  assert "tier bash .ci/newest_jax.sh" in ci.splitlines()
+  assert f'"jaxlib=={oldest}"' in line and line.endswith("python -m pytest -q $JAX_RANGE_TESTS'")
+  assert "tier bash .ci/newest_jax.sh $JAX_RANGE_TESTS" in ci.splitlines()
+  # The tests of the modules that read JAX internals (README: Layout) are among them.
+  (tests,) = re.findall(r'^JAX_RANGE_TESTS="([^"]+)"$', ci, re.M)
+  for module in ("test_jax_dims", "test_tracing", "test_parse"):
+    assert f"tests/{module}.py" in tests.split() and (ROOT / "tests" / f"{module}.py").exists()
+  assert all((ROOT / t).exists() for t in tests.split())
   # Its default is a release of the newest minor version the pin allows.
   (newest,) = re.findall(r"JAX_VERSION=\$\{JAX_VERSION:-([0-9.]+)\}",
                          (ROOT / ".ci" / "newest_jax.sh").read_text())
