@@ -1,5 +1,5 @@
 #!/bin/bash
-# The test suite on the newest jax that pyproject.toml allows (.ci/run: its fast tier).
+# The test suite on the newest jax that pyproject.toml allows (.ci/run: $JAX_RANGE_TESTS).
 # jax 0.11 and later need Python >= 3.12, which this Debian 12 machine lacks: this takes
 # Debian 13's Python 3.13 from its packages, unpacked into a folder (never installed: its
 # libc is newer than the system's, so it runs under its own loader), installs that jax
