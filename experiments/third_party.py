@@ -1,4 +1,4 @@
-"""Models nobody here wrote: eighteen of transformers' Flax models (twenty-three steps), a
+"""Models nobody here wrote: nineteen of transformers' Flax models (twenty-four steps), a
 Haiku decoder (three steps) and keras-hub's Llama under symmem.jit.
 
 Each step is the model's own Flax module (transformers < 5, `pip install -e ".[experiments]"`;
@@ -47,6 +47,9 @@ with AdamW and a masked token loss:
   whisper  FlaxWhisperForConditionalGenerationModule: a convolutional encoder over log-mel
         features of the library's fixed length ("b, _, _"), a decoder over "b, t" (t = 32,
         128, 256) attending to it, padded rows
+  clip  FlaxCLIPModule: a ViT over fixed-size images ("b, _, _, _") and a causal text
+        transformer over padded captions ("b, s"), pooled at each caption's end token;
+        the symmetric contrastive loss over the batch's b x b similarities
   haiku  a Haiku decoder (dm-haiku): `hk.MultiHeadAttention` with a causal and padding
         mask, 4 pre-norm layers in a Python loop, padded rows
   haiku_stack, haiku_stack_remat  the same layers in `hk.layer_stack` (a scan over stacked
@@ -70,7 +73,7 @@ plan runs the step without that recomputation.
 
   python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
-                                               wav2vec2,roformer,pegasus,big_bird,whisper,haiku,
+                                               wav2vec2,roformer,pegasus,big_bird,whisper,clip,haiku,
                                                haiku_stack,haiku_stack_remat,keras_llama]
       [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
 
@@ -590,6 +593,48 @@ def _keras_llama():
   return _decoder_lm(lambda key: [v.value for v in model.trainable_variables], loss_fn)
 
 
+def _clip():
+  """CLIP as transformers writes it: a ViT over fixed-size images and a causal text
+  transformer over padded captions (pooled at each row's end-of-text token, the largest
+  id), projected, normalized, and the symmetric contrastive loss over the batch's
+  b x b similarities: the batch is a dim of the loss's own arrays, not only a factor."""
+  from transformers import CLIPConfig
+  from transformers.models.clip.modeling_flax_clip import FlaxCLIPModule
+  cfg = CLIPConfig(
+      text_config=dict(vocab_size=512, hidden_size=64, intermediate_size=128,
+                       num_hidden_layers=2, num_attention_heads=4, max_position_embeddings=512,
+                       eos_token_id=511),
+      vision_config=dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, image_size=32, patch_size=8),
+      projection_dim=32)
+  module = FlaxCLIPModule(cfg, dtype=jnp.float32)
+
+  def init(key):
+    t = jnp.zeros((1, 4), jnp.int32)
+    return module.init(key, t, jnp.zeros((1, 3, 32, 32)), jnp.ones_like(t),
+                       jnp.arange(4)[None])["params"]
+
+  def loss_fn(params, pixels, tokens, mask):
+    b, s = tokens.shape
+    logits = module.apply({"params": params}, tokens, pixels, mask.astype(jnp.int32),
+                          jnp.broadcast_to(jnp.arange(s)[None], (b, s)), return_dict=False)[1]
+    labels = jnp.arange(b)
+    return (optax.softmax_cross_entropy_with_integer_labels(logits, labels).mean()
+            + optax.softmax_cross_entropy_with_integer_labels(logits.T, labels).mean()) / 2
+
+  def batch(b, s, rng):
+    mask = np.asarray(_padding_mask(b, s))
+    tokens = np.where(mask > 0, rng.randint(1, 510, (b, s)), 0)
+    ends = mask.sum(1).astype(int) - 1
+    tokens[np.arange(b), ends] = 511   # each caption's end-of-text token
+    pixels = rng.randn(b, 3, 32, 32).astype(np.float32)
+    return jnp.asarray(pixels), jnp.asarray(tokens, jnp.int32), jnp.asarray(mask)
+
+  return dict(init=init, loss_fn=loss_fn, batch=batch, dims=lambda b, s: {"b": b, "s": s},
+              shapes=(None, "b, _, _, _", "b, s", "b, s"),
+              constraints=("s >= 2", "s <= 512", "b <= 4"))
+
+
 def _padding_mask(b, s):
   """Padded batches as a data loader makes them: rows 1 and 3 end with a quarter and a half
   of padding (mask 0)."""
@@ -609,7 +654,7 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _alb
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
           "bloom": _bloom, "longt5": _longt5, "wav2vec2": _wav2vec2, "roformer": _roformer,
-          "pegasus": _pegasus, "big_bird": _big_bird, "whisper": _whisper, "haiku": _haiku,
+          "pegasus": _pegasus, "big_bird": _big_bird, "whisper": _whisper, "clip": _clip, "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
           "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
           "keras_llama": _keras_llama}
