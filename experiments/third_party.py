@@ -654,7 +654,8 @@ MODELS = {"t5": _t5, "gpt2": _gpt2, "bart": _bart, "bert": _bert, "albert": _alb
           "mistral_bf16": functools.partial(_mistral, dtype=jnp.bfloat16),
           "gpt_neo": _gpt_neo, "opt": _opt, "gptj": _gptj, "xglm": _xglm, "gemma": _gemma,
           "bloom": _bloom, "longt5": _longt5, "wav2vec2": _wav2vec2, "roformer": _roformer,
-          "pegasus": _pegasus, "big_bird": _big_bird, "whisper": _whisper, "clip": _clip, "haiku": _haiku,
+          "pegasus": _pegasus, "big_bird": _big_bird, "whisper": _whisper, "clip": _clip,
+          "haiku": _haiku,
           "haiku_stack": functools.partial(_haiku, layer_stack=True),
           "haiku_stack_remat": functools.partial(_haiku, layer_stack=True, remat=True),
           "keras_llama": _keras_llama}
