@@ -41,6 +41,20 @@ def test_propagation_follows_batch_and_model_splits():
   assert per_device.bytes(h).evaluate({"b": 6}) == 4 * 2 * 16
 
 
+def test_lookups_and_their_gradients_follow_the_indices_split():
+  # An embedding lookup and optax's label pick (`take_along_axis`) are gathers whose rows
+  # follow the indices; the label pick's gradient is a scatter-add into each row's own
+  # row (batching dims): all split as the batch of indices is.
+  def f(table, tokens, logits, labels):
+    pick = lambda z: jnp.sum(jnp.take_along_axis(z, labels[:, None], axis=-1))
+    return table[tokens], jnp.take_along_axis(logits, labels[:, None], axis=-1), jax.grad(pick)(logits)
+  args = (jnp.ones((32, 8)), jnp.ones((8, 5), jnp.int32), jnp.ones((8, 16)),
+          jnp.ones((8,), jnp.int32))
+  _, _, _, outs = _propagated(f, args, (None, "b, 5", "b, 16", "b"),
+                              [(1, 2), (4, 1), (1, 1), (4,)])
+  assert outs == [(4, 1, 2), (4, 1), (4, 1)]
+
+
 def test_unknown_ops_are_replicated():
   def f(x):
     return jnp.cumsum(x, axis=0)[::2]    # a strided slice changes dim 0: not carried
@@ -138,8 +152,10 @@ def test_sharded_llama_step_matches_jax_jit_and_models_per_device(layout):
     assert row["out_sharding_ok"], row
     assert row["loss"] == pytest.approx(row["loss_ref"], rel=1e-5)
     # Per device, the scheduled model vs XLA's memory_analysis() of the same sharded
-    # step: measured -1 % ... +23 % (values whose split is unknown count as replicated,
-    # so the model errs high). The unsharded model is up to 4x off at the larger shape.
+    # step: measured -9 % ... +22 % on jax 0.9.2 to 0.12 (values whose split is unknown
+    # count as replicated, so the model errs high where XLA splits more; XLA's layout
+    # adds what the model leaves out at the small shape). The unsharded model is up to 4x
+    # off at the larger shape.
     ratio = row["model_scheduled_per_device"] / row["xla_per_device"]
     assert 0.9 <= ratio <= 1.3, row
   big = result["shapes"][-1]

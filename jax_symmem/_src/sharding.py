@@ -159,6 +159,47 @@ def _grows_first(a: Poly, b: Poly) -> bool:
   return a.evaluate(probe) < b.evaluate(probe)
 
 
+def _gather(node, in_div, in_dims, out_dims):
+  """An output dim outside `offset_dims` indexes the start indices' dims in order (the
+  last, the index vector, aside), so it takes their split where the sizes match: the
+  rows a batched lookup (`take_along_axis`, an embedding) reads are split as its indices.
+  An offset dim that spans its operand dim (the k-th not collapsed) keeps that split."""
+  dn = node.params["dimension_numbers"]
+  (out,) = _same_dims(node, in_div, in_dims, out_dims)
+  out, dims = list(out), out_dims[0]
+  (operand_div, index_div), (operand_dims, index_dims) = in_div[:2], in_dims[:2]
+  skipped = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
+  sliced = [d for d in range(len(operand_dims)) if d not in skipped]
+  for k, d in zip(dn.offset_dims, sliced):
+    if dims[k] == operand_dims[d]:
+      out[k] = max(out[k], operand_div[d])
+  batch = [k for k in range(len(out)) if k not in set(dn.offset_dims)]
+  for k, j in zip(batch, range(len(index_dims) - 1)):
+    if dims[k] == index_dims[j]:
+      out[k] = max(out[k], index_div[j])
+  return [tuple(out)]
+
+
+def _scatter(node, in_div, in_dims, out_dims):
+  """The output is the operand updated in place: its split, or that of the matching dims
+  of the indices (`operand_batching_dims`: each batch row scatters into its own row, as
+  the gradient of `take_along_axis` does) or of the updates (a window dim that spans the
+  operand's dim)."""
+  dn = node.params["dimension_numbers"]
+  (out,) = _same_dims(node, in_div[:1], in_dims[:1], out_dims)
+  out, dims = list(out), out_dims[0]
+  (index_div, update_div), (index_dims, update_dims) = in_div[1:3], in_dims[1:3]
+  for k, j in zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims):
+    if dims[k] == index_dims[j]:
+      out[k] = max(out[k], index_div[j])
+  skipped = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
+  windows = [k for k in range(len(dims)) if k not in skipped]
+  for k, u in zip(windows, dn.update_window_dims):
+    if dims[k] == update_dims[u]:
+      out[k] = max(out[k], update_div[u])
+  return [tuple(out)]
+
+
 def _sharding_constraint(node, in_div, in_dims, out_dims):
   return [spec_divisors(node.params["sharding"], len(out_dims[0]))]
 
@@ -172,6 +213,9 @@ SHARDING_RULES.update({
     "squeeze": _squeeze,
     "reshape": _reshape,
     "sharding_constraint": _sharding_constraint,
+    "gather": _gather,
+    **{name: _scatter for name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul",
+                                   "scatter-min", "scatter-max")},
 })
 
 
