@@ -1,6 +1,7 @@
 """Rematerialization inside loops: scan pairs, their rewrite, and symmem.jit on scanned models."""
 
 import dataclasses
+import functools
 
 import chex
 import hypothesis
@@ -433,15 +434,16 @@ def test_every_round_of_a_gated_program_computes_what_jax_jit_does():
       chex.assert_trees_all_close(out, ref, rtol=2e-5, atol=1e-6)
 
 
+@functools.lru_cache(maxsize=None)   # the two tests below compile them once
 def _gated_last_and_plain(n, d, f):
-  """The gated program's analysis, arguments, and XLA's figures of its last round and of
-  the step as written, at b=4, s=128."""
+  """The gated program's arguments, and XLA's figures of its last round and of the step
+  as written, at b=4, s=128."""
   analysis = _gated_analysis(n, d, f)
   args = _gated_args(n, 4, 128, d, f, seed=1)
   leaves = jax.tree_util.tree_leaves(args)
   last = _xla_bytes(variants.round_function(analysis, len(analysis.rounds) - 1,
                                             {"b": 4, "s": 128}), leaves)
-  return analysis, args, last, _xla_bytes(_gated_loss(n), args)
+  return args, last, _xla_bytes(_gated_loss(n), args)
 
 
 # XLA 0.11 (jax 0.11.x) lays this toy's last round out at 1.27 x per-layer checkpointing
@@ -450,7 +452,7 @@ def _gated_last_and_plain(n, d, f):
                    reason="XLA 0.11's layout of the gated program (README, Layout)")
 def test_the_last_gated_round_reaches_per_layer_checkpointing_in_xla():
   n, d, f = 3, 32, 64
-  _, args, last, plain = _gated_last_and_plain(n, d, f)
+  args, last, plain = _gated_last_and_plain(n, d, f)
 
   def checkpointed(ws, x, key):   # jax.checkpoint on each gated branch, as a user writes it
     def loss(ws, x, key):
@@ -466,7 +468,7 @@ def test_the_last_gated_round_reaches_per_layer_checkpointing_in_xla():
 
 def test_a_gated_program_runs_a_recomputing_round_under_a_budget():
   n, d, f = 3, 32, 64
-  _, args, last, plain = _gated_last_and_plain(n, d, f)
+  args, last, plain = _gated_last_and_plain(n, d, f)
   budget = (last + plain) // 2
   step = symmem.jit(_gated_loss(n), polymorphic_shapes=(None, "b, s, _", None),
                     constraints=("s <= 128", "b <= 4"), memory_budget=int(budget))

@@ -159,6 +159,14 @@ def _grows_first(a: Poly, b: Poly) -> bool:
   return a.evaluate(probe) < b.evaluate(probe)
 
 
+def _carry(out: list[int], dims, pairs, div: Divisors, src_dims) -> None:
+  """For each (k, j) in `pairs`: output dim k takes `div[j]`, the split of a source dim
+  j of the same size, where it is larger."""
+  for k, j in pairs:
+    if dims[k] == src_dims[j]:
+      out[k] = max(out[k], div[j])
+
+
 def _gather(node, in_div, in_dims, out_dims):
   """An output dim outside `offset_dims` indexes the start indices' dims in order (the
   last, the index vector, aside), so it takes their split where the sizes match: the
@@ -168,15 +176,11 @@ def _gather(node, in_div, in_dims, out_dims):
   (out,) = _same_dims(node, in_div, in_dims, out_dims)
   out, dims = list(out), out_dims[0]
   (operand_div, index_div), (operand_dims, index_dims) = in_div[:2], in_dims[:2]
-  skipped = set(dn.collapsed_slice_dims) | set(getattr(dn, "operand_batching_dims", ()))
+  skipped = set(dn.collapsed_slice_dims) | set(dn.operand_batching_dims)
   sliced = [d for d in range(len(operand_dims)) if d not in skipped]
-  for k, d in zip(dn.offset_dims, sliced):
-    if dims[k] == operand_dims[d]:
-      out[k] = max(out[k], operand_div[d])
+  _carry(out, dims, zip(dn.offset_dims, sliced), operand_div, operand_dims)
   batch = [k for k in range(len(out)) if k not in set(dn.offset_dims)]
-  for k, j in zip(batch, range(len(index_dims) - 1)):
-    if dims[k] == index_dims[j]:
-      out[k] = max(out[k], index_div[j])
+  _carry(out, dims, zip(batch, range(len(index_dims) - 1)), index_div, index_dims)
   return [tuple(out)]
 
 
@@ -189,14 +193,11 @@ def _scatter(node, in_div, in_dims, out_dims):
   (out,) = _same_dims(node, in_div[:1], in_dims[:1], out_dims)
   out, dims = list(out), out_dims[0]
   (index_div, update_div), (index_dims, update_dims) = in_div[1:3], in_dims[1:3]
-  for k, j in zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims):
-    if dims[k] == index_dims[j]:
-      out[k] = max(out[k], index_div[j])
+  _carry(out, dims, zip(dn.operand_batching_dims, dn.scatter_indices_batching_dims),
+         index_div, index_dims)
   skipped = set(dn.inserted_window_dims) | set(dn.operand_batching_dims)
   windows = [k for k in range(len(dims)) if k not in skipped]
-  for k, u in zip(windows, dn.update_window_dims):
-    if dims[k] == update_dims[u]:
-      out[k] = max(out[k], update_div[u])
+  _carry(out, dims, zip(windows, dn.update_window_dims), update_div, update_dims)
   return [tuple(out)]
 
 
