@@ -395,7 +395,7 @@ class SymmemFunction:
               "yet")
         # Sharded arguments: the memory model counts bytes per device (sharding.py).
         divisors = sharding_lib.argument_divisors(self._in_shardings, dyn_args)
-        entry.arg_splits = tuple(math.prod(d) for d in divisors)
+        entry.arg_splits = tuple(math.prod(d) for d in divisors or ())
         entry.analysis = analysis_lib.analyze_function(
             bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
             constraints=self._constraints, memory_budget=self._budget(),

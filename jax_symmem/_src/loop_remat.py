@@ -27,6 +27,14 @@ forwards one unchanged in that branch (AD saves a layer's input that way).
 Evicting all but those is per-layer checkpointing of the gated layer. The rewritten
 branches copy the traced branches' equations (`tracing.splice_jaxpr`), not re-trace them.
 
+Differentiating a `shard_map` gives the same shape again: a forward shard_map whose body
+outputs the residuals (one shard per device, under the out_specs it made them with) and a
+backward shard_map that reads each under that same spec, so its body sees the very
+shards the forward body made. A residual is evicted as a cond's is, with the one body as
+the one branch: the backward body replays the forward body for it, from the forward
+operands, passed to the backward shard_map under the forward's in_specs. A replay never
+repeats a collective (`NOT_REPLAYABLE`), so what a psum makes stays.
+
 Each residual is offered alone and as the lead of a `ResidualGroup`: it and the other
 residuals its replay recomputes anyway or derives from it by ops XLA fuses into their
 readers, at the FLOPs of them all and all their bytes. Priced one at a time, every
@@ -46,6 +54,7 @@ original nodes), so rounds compose without nesting regenerations.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import weakref
 from typing import Callable, Mapping, Sequence
 
@@ -63,9 +72,10 @@ from jax_symmem._src.ir import Const, Node, Program, source_label
 # the flat planner, functional random ops and nested control flow may be recomputed
 # here: a body is replayed as a whole jaxpr, on the same keys.
 NOT_REPLAYABLE = frozenset({
-    "rng_bit_generator", "rng_uniform", "psum", "pmax", "pmin", "all_gather",
-    "all_to_all", "ppermute", "reduce_scatter", "psum_scatter", "axis_index", "io_callback",
-    "pure_callback", "debug_callback", "custom_call",
+    "rng_bit_generator", "rng_uniform", "psum", "psum_invariant", "psum2", "pmax", "pmin",
+    "all_gather", "all_gather_invariant", "all_to_all", "ragged_all_to_all", "ppermute",
+    "reduce_scatter", "psum_scatter", "axis_index", "io_callback", "pure_callback",
+    "debug_callback", "custom_call",
 })
 
 
@@ -103,9 +113,9 @@ class LoopState:
 
 @dataclasses.dataclass(frozen=True)
 class LoopEviction:
-  """Evict one stacked residual of a scan pair (or one output of a forward cond);
-  regenerate it in the backward body (branch)."""
-  forward: int                  # node index of the forward scan (cond)
+  """Evict one stacked residual of a scan pair (or one output of a forward cond or
+  shard_map); regenerate it in the backward body (branch)."""
+  forward: int                  # node index of the forward scan (cond, shard_map)
   output: int                   # its output index (a stacked residual)
   value: int                    # the residual's value id
   saved: Poly                   # bytes no longer stacked (minus carries stacked for it)
@@ -117,7 +127,7 @@ class LoopEviction:
     at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
     where = source_label(self.source, info.primitive)
-    kind = "cond" if info.primitive == "cond" else "scan"   # the node that outputs it
+    kind = _kind(info.primitive)   # the node that outputs it
     return (f"evict {kind} residual {info.shape_str()} from {where}: regenerated in the "
             f"backward {kind}; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
@@ -141,19 +151,25 @@ class ResidualGroup:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
     lead = self.regions[0]
-    kind = "cond" if graph.values[lead.value].primitive == "cond" else "scan"
+    kind = _kind(graph.values[lead.value].primitive)
     return (f"evict {kind} residual {graph.values[lead.value].shape_str()} from "
             f"{source_label(lead.source, kind)} with the {len(self.regions) - 1} residuals its "
             f"regeneration recomputes anyway: saves {self.saved} B, recompute {self.cost} "
             "FLOPs" + at)
 
 
+def _kind(primitive: str) -> str:
+  """What a pair is called in plans: the primitive of its nodes."""
+  return primitive if primitive in ("cond", "shard_map") else "scan"
+
+
 # --- finding pairs ---------------------------------------------------------------------
 
 
 def pairs(program: Program) -> dict[int, LoopState]:
-  """The forward/backward scan pairs and cond pairs of `program`, by forward node index."""
-  return {**scan_pairs(program), **cond_pairs(program)}
+  """The forward/backward scan, cond and shard_map pairs of `program`, by forward node
+  index."""
+  return {**scan_pairs(program), **cond_pairs(program), **shard_map_pairs(program)}
 
 
 def _uses(program: Program) -> dict[int, list[tuple[Node, int]]]:
@@ -166,10 +182,10 @@ def _uses(program: Program) -> dict[int, list[tuple[Node, int]]]:
 
 
 def _find_pairs(program: Program, name: str, residuals: Callable[[Node], range],
-                links: Callable[[Node, Node, list[int]], bool]) -> dict[int, LoopState]:
+                links: Callable[[Node, Node, int, list[int]], bool]) -> dict[int, LoopState]:
   """Each `name` node f whose `residuals(f)` outputs are read by one other node b, the
-  same for all of them, where `links(f, b, positions b reads them at)` holds; keyed by
-  f's index. An output the program returns, or that another node reads, is no link."""
+  same for all of them, where `links(f, b, j, positions b reads output j at)` holds; keyed
+  by f's index. An output the program returns, or that another node reads, is no link."""
   if not any(n.name == name for n in program.nodes):
     return {}
   uses = _uses(program)
@@ -187,7 +203,7 @@ def _find_pairs(program: Program, name: str, residuals: Callable[[Node], range],
         continue
       b, positions = readers[0][0], [k for _, k in readers]
       if (len({id(n) for n, _ in readers}) != 1 or b.index == f.index
-          or (backward is not None and b is not backward) or not links(f, b, positions)):
+          or (backward is not None and b is not backward) or not links(f, b, j, positions)):
         continue
       backward = b
       linked[j] = tuple(positions)
@@ -202,7 +218,7 @@ def cond_pairs(program: Program) -> dict[int, LoopState]:
   can replay it. Keyed by the forward cond's node index."""
   def residuals(f):
     return range(0 if any(b.consts for b in f.params["branches"]) else len(f.outputs))
-  def links(f, b, positions):
+  def links(f, b, j, positions):
     return (b.name == "cond" and len(b.params["branches"]) == len(f.params["branches"])
             and not any(br.consts for br in b.params["branches"])
             and b.inputs[0] == f.inputs[0] and not isinstance(f.inputs[0], Const)
@@ -210,10 +226,24 @@ def cond_pairs(program: Program) -> dict[int, LoopState]:
   return _find_pairs(program, "cond", residuals, links)
 
 
+def shard_map_pairs(program: Program) -> dict[int, LoopState]:
+  """Forward shard_maps whose outputs a later shard_map on the same mesh reads (and
+  nothing else), each under the spec the forward made it with: that body receives the
+  very shards the forward body made on its device, so it can replay the forward body.
+  Keyed by the forward shard_map's node index."""
+  def links(f, b, j, positions):
+    return (b.name == "shard_map" and tracing.same_shard_map_axes(f.params, b.params)
+            and all(b.params["in_specs"][k] == f.params["out_specs"][j] for k in positions))
+  found = _find_pairs(program, "shard_map", lambda f: range(len(f.outputs)), links)
+  # A backward shard_map whose cotangent only the next backward one reads is no forward.
+  backward = {state.backward.index for state in found.values()}
+  return {i: state for i, state in found.items() if i not in backward}
+
+
 def scan_pairs(program: Program) -> dict[int, LoopState]:
   """Forward scans whose stacked outputs only a backward scan of the same length reads,
   as scanned inputs; keyed by the forward scan's node index."""
-  def links(f, b, positions):
+  def links(f, b, j, positions):
     if b.name != "scan" or b.params["length"] != f.params["length"]:
       return False
     first_scanned = sum(tracing.scan_counts(b.params))
@@ -333,7 +363,7 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
   regeneration passes it forward operands)."""
   out = []
   for fi, state in pairs.items():
-    if state.forward.name == "cond":
+    if state.forward.name in ("cond", "shard_map"):
       out += _cond_candidates(graph, fi, state, env, live)
     else:
       out += _scan_candidates(graph, fi, state, env)
@@ -410,7 +440,23 @@ def _differences(running: Sequence[Poly]) -> list[Poly]:
   return [running[0]] + [b - a for a, b in zip(running, running[1:])]
 
 
-# --- cond pairs ---------------------------------------------------------------------------
+# --- cond and shard_map pairs --------------------------------------------------------------
+#
+# A shard_map is a cond of one branch (its body) and no index operand.
+
+
+def _branches(node: Node) -> tuple[tuple, ...]:
+  """(jaxpr, consts) of each body a cond or shard_map may run: a cond's branches, a
+  shard_map's one body."""
+  if node.name == "cond":
+    return tuple((br.jaxpr, br.consts) for br in node.params["branches"])
+  return ((node.params["jaxpr"], ()),)
+
+
+def _first(node: Node) -> int:
+  """The first operand the bodies receive: a cond's index comes before them."""
+  return 1 if node.name == "cond" else 0
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -454,10 +500,10 @@ def _cond_parts(state: LoopState) -> _CondParts:
 def _make_cond_parts(f: Node, links: tuple[int, ...]) -> _CondParts:
   outputs = range(len(f.outputs))
   nodes, inputs, always, forwards = [], [], [], []
-  for branch, jaxpr in zip(f.subprograms, f.params["branches"]):
+  for branch, (jaxpr, _) in zip(f.subprograms, _branches(f)):
     nodes.append(tuple(_needs(branch, [j])[0] for j in outputs))
-    inputs.append(tuple(tracing.read_inputs(jaxpr.jaxpr, [j]) for j in outputs))
-    always.append(tracing.read_inputs(jaxpr.jaxpr, []))
+    inputs.append(tuple(tracing.read_inputs(jaxpr, [j]) for j in outputs))
+    always.append(tracing.read_inputs(jaxpr, []))
     position = {v: k for k, v in reversed(list(enumerate(branch.inputs)))}   # the first
     forwards.append(tuple((m, position[branch.outputs[m]]) for m in links
                           if not isinstance(branch.outputs[m], Const)
@@ -495,7 +541,7 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction | Residua
     """Bytes no longer output evicting `js` too, less the forward operands the backward
     now receives (kept alive until it runs)."""
     replay = _cond_replay(state, state.evicted | set(js))
-    extra = total(graph.bytes(v) for v in (state.forward_operands[1 + k]
+    extra = total(graph.bytes(v) for v in (state.forward_operands[_first(f) + k]
                                            for k in sorted(replay.passed - base.passed))
                   if not isinstance(v, Const) and not live(state, v))
     return total(graph.bytes(f.outputs[j]) for j in js) - extra
@@ -510,7 +556,8 @@ def _cond_candidates(graph, fi, state, env, live) -> list[LoopEviction | Residua
 
 
 def _cond_source(cond: Node, j: int) -> str:
-  """Where a branch computes cond output j (the other branches output zeros there)."""
+  """Where a branch computes cond (shard_map) output j (the other branches output zeros
+  there)."""
   for branch in cond.subprograms:
     value = branch.outputs[j]
     producer = (None if isinstance(value, Const) else
@@ -522,48 +569,63 @@ def _cond_source(cond: Node, j: int) -> str:
 
 def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
                   ) -> tuple[Program, LoopState]:
-  """`rewrite` for a cond pair: the forward cond without the `evicted` outputs; each
-  branch of the backward cond replays its forward branch for them first."""
+  """`rewrite` for a cond (shard_map) pair: the forward node without the `evicted`
+  outputs; each branch (the body) of the backward node replays its forward branch for
+  them first."""
   next_id = program.max_id() + 1
   f, b = state.forward, state.backward
-  f_branches, b_branches = f.params["branches"], b.params["branches"]
+  first, f_branches, b_branches = _first(f), _branches(f), _branches(b)
   evicted_list = sorted(evicted)
   kept = [j for j in range(len(f.outputs)) if j not in evicted]
   replay = _cond_replay(state, frozenset(evicted))
   passed = sorted(replay.passed)
   f_operands, b_inputs = list(state.forward_operands), list(state.backward_operands)
 
-  def forward_branch(br):
-    return lambda evaluate, *ops: evaluate(br.jaxpr, br.consts, ops, wanted=kept)
+  def forward_branch(jaxpr, consts):
+    return lambda evaluate, *ops: evaluate(jaxpr, consts, ops, wanted=kept)
 
-  new_f, sub = _cond_node(program, f, [forward_branch(br) for br in f_branches], f_operands,
-                          next_id)
+  specs = None
+  if f.name == "shard_map":
+    specs = f.params["in_specs"], [f.params["out_specs"][j] for j in kept]
+  new_f, sub = _branch_node(program, f, [forward_branch(*br) for br in f_branches], f_operands,
+                            next_id, specs)
   next_id = sub.max_id() + 1
   new_f, forwarded = _rebind(new_f, sub, f_operands, [f.outputs[j] for j in kept], f.index)
   b_inputs = [_renamed(x, forwarded) for x in b_inputs]
 
-  # Backward: its inputs (index first) less the evicted residuals, then the passed operands.
+  # Backward: its inputs (a cond's index first) less the evicted residuals, then the
+  # passed forward operands.
   evicted_at = {k: j for j, ks in state.links.items() if j in evicted for k in ks}
-  kept_at = [k for k in range(1, len(b.inputs)) if k not in evicted_at]
-  b_operands = [b_inputs[0]] + [b_inputs[k] for k in kept_at] + [f_operands[1 + k] for k in passed]
+  kept_at = [k for k in range(first, len(b.inputs)) if k not in evicted_at]
+  b_operands = (b_inputs[:first] + [b_inputs[k] for k in kept_at]
+                + [f_operands[first + k] for k in passed])
+  if b.name == "shard_map":
+    specs = ([b.params["in_specs"][k] for k in kept_at]
+             + [f.params["in_specs"][k] for k in passed], b.params["out_specs"])
 
   def backward_branch(i):
-    fb, bb, sources = f_branches[i], b_branches[i], replay.sources[i]
+    (f_jaxpr, f_consts), (b_jaxpr, b_consts) = f_branches[i], b_branches[i]
+    sources = replay.sources[i]
     def run(evaluate, *ops):
       values = dict(zip(kept_at, ops[:len(kept_at)]))
-      f_args = [None] * len(fb.jaxpr.invars)
+      f_args = [None] * len(f_jaxpr.invars)
       for k, a in zip(passed, ops[len(kept_at):]):
         f_args[k] = a
       for k, m in sources.items():   # an input that a kept residual forwards here
         f_args[k] = values[state.links[m][0]]
-      regen = dict(zip(evicted_list, evaluate(fb.jaxpr, fb.consts, f_args,
+      if b.name == "shard_map":   # each residual where the body first reads it
+        lazy = tracing.LazyReplay(f_jaxpr, f_consts, f_args)
+        late = {k - first: functools.partial(lazy.output, j) for k, j in evicted_at.items()}
+        return tracing.eval_jaxpr_lazily(
+            b_jaxpr, b_consts, [values.get(k) for k in range(first, len(b.inputs))], late)
+      regen = dict(zip(evicted_list, evaluate(f_jaxpr, f_consts, f_args,
                                               wanted=evicted_list)))
       values.update({k: regen[j] for k, j in evicted_at.items()})
-      return evaluate(bb.jaxpr, bb.consts, [values[k] for k in range(1, len(b.inputs))])
+      return evaluate(b_jaxpr, b_consts, [values[k] for k in range(first, len(b.inputs))])
     return run
 
-  new_b, sub = _cond_node(program, b, [backward_branch(i) for i in range(len(b_branches))],
-                          b_operands, next_id)
+  new_b, sub = _branch_node(program, b, [backward_branch(i) for i in range(len(b_branches))],
+                            b_operands, next_id, specs)
   new_b, b_forwarded = _rebind(new_b, sub, b_operands, list(b.outputs), b.index)
   forwarded.update(b_forwarded)
   return (replace_nodes(program, {f.index: new_f, b.index: new_b}, forwarded, dict(program.avals)),
@@ -571,15 +633,22 @@ def _rewrite_cond(program: Program, state: LoopState, evicted: frozenset[int]
               _renamed(x, forwarded) for x in state.backward_operands)))
 
 
-def _cond_node(program: Program, cond: Node, branch_functions, operands, start: int):
-  """(node, its one-node program) binding the traced cond's own primitive on `operands`
-  (index first) and branches built from `branch_functions` (`g(evaluate, *operands)`,
+def _branch_node(program: Program, node: Node, branch_functions, operands, start: int,
+                 specs=None):
+  """(node, its one-node program): the traced cond's own primitive bound on `operands`
+  (index first) with branches built from `branch_functions` (`g(evaluate, *operands)`,
   computing only with `evaluate`: `tracing.splice_jaxpr` copies the equations it
-  evaluates): exactly one node, as `lax.switch` (which clamps the index first) would
-  not give."""
+  evaluates), exactly one node, as `lax.switch` (which clamps the index first) would not
+  give; or a shard_map like `node` with the one body and `specs` (in_specs, out_specs)."""
   avals = [_aval(program, x) for x in operands]
+  if node.name == "shard_map":
+    (g,) = branch_functions
+    in_specs, out_specs = specs
+    fun = tracing.shard_map_like(node.params, lambda *ops: g(tracing.eval_jaxpr, *ops),
+                                 in_specs, out_specs)
+    return tracing.node_from_function(fun, avals, start)
   branches = tuple(tracing.splice_jaxpr(g, avals[1:]) for g in branch_functions)
-  return tracing.node_from_primitive(cond.primitive, avals, {"branches": branches}, start)
+  return tracing.node_from_primitive(node.primitive, avals, {"branches": branches}, start)
 
 
 def _source_of(scan: Node, j: int) -> str:
@@ -708,9 +777,9 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   that `evicted` (forward output indices) are regenerated in the backward body, and
   the pair's new state. Node indices do not change; the outputs both scans keep
   keep their value ids; new values are numbered above every id in `program`.
-  A cond pair is rewritten by `_rewrite_cond`.
+  A cond or shard_map pair is rewritten by `_rewrite_cond`.
   """
-  if state.forward.name == "cond":
+  if state.forward.name in ("cond", "shard_map"):
     return _rewrite_cond(program, state, evicted)
   next_id = program.max_id() + 1
   f, b = state.forward, state.backward

@@ -48,6 +48,9 @@ ALIAS_RULES: dict[str, Callable[[Node], Mapping[int, int]]] = {
     "random_wrap": lambda node: {0: 0},
     "random_unwrap": lambda node: {0: 0},
     "optimization_barrier": lambda node: {k: k for k in range(len(node.outputs))},
+    # Inside a shard_map: marks a value as varying over mesh axes, a type change only
+    # (nothing is copied; XLA partitions it away).
+    "pvary": lambda node: {k: k for k in range(len(node.outputs))},
 }
 
 
@@ -76,6 +79,11 @@ def _draw_working_set(graph: ShapeGraph, node: Node) -> Poly:
 WORKING_SET_RULES: dict[str, Callable[[ShapeGraph, Node], Poly]] = {
     "random_bits": _draw_working_set,
 }
+
+
+# Nodes whose bodies compute their results straight into the node's output buffers
+# (XLA colocates them): a cond's branches, a shard_map's per-device body.
+RESULTS_IN_OUTPUTS = frozenset({"cond", "shard_map"})
 
 
 def has_working_set(node: Node) -> bool:
@@ -514,10 +522,10 @@ def transient_at(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
 
 def _made_so_far(size, zero, node: Node, body: Program) -> list:
   """Per step of a control-flow `body` in trace order, the bytes of its results made
-  up to there that the node's own outputs already hold: a cond branch's results
-  (results that own a buffer; an operand passed through is the caller's). Zero for
-  loop bodies, whose results are the next iteration's operands."""
-  if node.name != "cond":
+  up to there that the node's own outputs already hold: a cond branch's or a
+  shard_map body's results (results that own a buffer; an operand passed through is
+  the caller's). Zero for loop bodies, whose results are the next iteration's operands."""
+  if node.name not in RESULTS_IN_OUTPUTS:
     return [zero] * len(body.nodes)
   buffer = buffers(body)
   results = {x for x in body.outputs if not isinstance(x, Const) and buffer[x] == x}

@@ -13,6 +13,8 @@ primitive in `SHARDING_RULES`, as GSPMD's forward propagation would:
 * a reshape keeps a split on the major dim of a merged or split group;
 * any other op whose output dim equals an operand's dim (elementwise ops,
   slices on other dims, ...) keeps that operand's split;
+* a `shard_map`'s outputs are split as its `out_specs` say (its body is per device
+  already: each value there is one device's shard);
 * everything else (and control flow) is assumed replicated: an over-estimate,
   never an under-estimate of a value the model cannot place.
 
@@ -39,6 +41,11 @@ def spec_divisors(sharding: Any, ndim: int) -> Divisors:
   mesh = getattr(sharding, "mesh", None)
   if spec is None or mesh is None:
     return (1,) * ndim
+  return mesh_divisors(mesh, spec, ndim)
+
+
+def mesh_divisors(mesh: Any, spec: Any, ndim: int) -> Divisors:
+  """Per-dim split counts of a `PartitionSpec` over `mesh`."""
   out = []
   for k in range(ndim):
     entry = spec[k] if k < len(spec) else None
@@ -61,8 +68,25 @@ Rule = Callable[[Node, Sequence[Divisors], Sequence[tuple[Poly, ...]],
 SHARDING_RULES: dict[str, Rule] = {}
 
 
-def propagate(program: Program, inputs: Sequence[Divisors], dims_of) -> dict[int, Divisors]:
-  """Divisors of every value of `program`; `dims_of(value_id)` gives its dims (Polys)."""
+def has_shard_map(program: Program) -> bool:
+  """Whether `program` runs a `shard_map` at top level: its figures are per device then,
+  whatever the arguments' shardings."""
+  return any(n.name == "shard_map" for n in program.nodes)
+
+
+def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of
+              ) -> dict[int, Divisors]:
+  """Divisors of every value of `program`; `dims_of(value_id)` gives its dims (Polys).
+
+  `inputs` None: the arguments have no sharding of their own, and XLA shards each as
+  the first `shard_map` that reads it needs (a batch split over "data"); the rest whole."""
+  if inputs is None:
+    inputs = [(1,) * len(dims_of(v)) for v in program.inputs]
+    position = {v: k for k, v in enumerate(program.inputs)}
+    for node in reversed([n for n in program.nodes if n.name == "shard_map"]):
+      for x, spec in zip(node.inputs, node.params["in_specs"]):
+        if x in position:
+          inputs[position[x]] = mesh_divisors(node.params["mesh"], spec, len(dims_of(x)))
   divisors: dict[int, Divisors] = dict(zip(program.inputs, inputs))
   for node in program.nodes:
     in_dims = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const) else dims_of(x)
@@ -70,8 +94,8 @@ def propagate(program: Program, inputs: Sequence[Divisors], dims_of) -> dict[int
     in_div = [divisors.get(x) if not isinstance(x, Const) else None for x in node.inputs]
     in_div = [d if d is not None else (1,) * len(n) for d, n in zip(in_div, in_dims)]
     out_dims = [dims_of(o) for o in node.outputs]
-    rule = SHARDING_RULES.get(node.name, _same_dims)
-    outs = rule(node, in_div, in_dims, out_dims) if not node.subprograms else []
+    rule = SHARDING_RULES.get(node.name, None if node.subprograms else _same_dims)
+    outs = rule(node, in_div, in_dims, out_dims) if rule is not None else []
     for o, dims, d in zip(node.outputs, out_dims, outs or [None] * len(node.outputs)):
       divisors[o] = d if d is not None else (1,) * len(dims)
   return divisors
@@ -205,6 +229,14 @@ def _sharding_constraint(node, in_div, in_dims, out_dims):
   return [spec_divisors(node.params["sharding"], len(out_dims[0]))]
 
 
+def _shard_map(node, in_div, in_dims, out_dims):
+  """Each output is split as its `out_specs` entry says (its body made one shard per
+  device; an output the body reduced over an axis is whole on each device)."""
+  mesh = node.params["mesh"]
+  return [mesh_divisors(mesh, spec, len(dims))
+          for spec, dims in zip(node.params["out_specs"], out_dims)]
+
+
 SHARDING_RULES.update({
     "dot_general": _dot_general,
     "reduce_sum": _reduce, "reduce_max": _reduce, "reduce_min": _reduce, "reduce_prod": _reduce,
@@ -214,18 +246,23 @@ SHARDING_RULES.update({
     "squeeze": _squeeze,
     "reshape": _reshape,
     "sharding_constraint": _sharding_constraint,
+    "shard_map": _shard_map,
     "gather": _gather,
     **{name: _scatter for name in ("scatter", "scatter-add", "scatter-sub", "scatter-mul",
                                    "scatter-min", "scatter-max")},
 })
 
 
-def argument_divisors(in_shardings, dyn_args) -> list[Divisors]:
+def argument_divisors(in_shardings, dyn_args) -> list[Divisors] | None:
   """Per-leaf divisors of the dynamic arguments: `in_shardings` (a prefix tree of the
-  arguments, as in `jax.jit`) where given, otherwise each array's own sharding."""
+  arguments, as in `jax.jit`) where given, otherwise each array's own sharding; None
+  where neither names a mesh (a shard_map in the step then splits what it reads:
+  `propagate`)."""
   leaves = jax.tree_util.tree_leaves(tuple(dyn_args))
   if in_shardings is None:
     shardings = [getattr(x, "sharding", None) for x in leaves]
+    if not any(isinstance(s, jax.sharding.NamedSharding) for s in shardings):
+      return None
   else:
     shardings = broadcast_prefix(in_shardings, tuple(dyn_args))
   return [spec_divisors(s, len(getattr(x, "shape", ()))) for s, x in zip(shardings, leaves)]

@@ -35,6 +35,7 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import collector
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import sharding
 from jax_symmem._src import trace_advice
 from jax_symmem._src.errors import ConstraintError, ShapeError, ShapeSpecError, TracingError
 from jax_symmem._src.ir import Const, Node, Operand, Program  # noqa: F401  (re-exported)
@@ -148,6 +149,7 @@ _BODY_PARAMS: dict[str, tuple[str, ...]] = {
     "scan": ("jaxpr",),
     "while": ("cond_jaxpr", "body_jaxpr"),
     "cond": ("branches",),
+    "shard_map": ("jaxpr",),   # its body runs per device, on each device's shard
 }
 
 
@@ -465,13 +467,94 @@ def eval_jaxpr(jaxpr, consts: Sequence[Any], args: Sequence[Any],
   values = dict(zip(jaxpr.constvars, consts))
   values.update(zip(jaxpr.invars, args))
   read = lambda v: v.val if isinstance(v, jcore.Literal) else values[v]
-  for eqn in reversed(eqns):
-    params = eqn.primitive.get_bind_params(eqn.params)
-    # Keep the user's source line on the re-traced equations (plans and errors cite it).
-    with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
-      outs = eqn.primitive.bind(*[read(v) for v in eqn.invars], **params)
-    values.update(zip(eqn.outvars, outs if eqn.primitive.multiple_results else [outs]))
+  for eqn in reversed(eqns):   # (the user's source line kept: plans and errors cite it)
+    values.update(zip(eqn.outvars, _bind_eqn(eqn, [read(v) for v in eqn.invars])))
   return [read(v) for v in outvars]
+
+
+def _bind_eqn(eqn, args: Sequence[Any]) -> list[Any]:
+  """Binds one equation on `args` as `eval_jaxpr` does: the user's source line kept."""
+  params = eqn.primitive.get_bind_params(eqn.params)
+  with source_info_util.user_context(eqn.source_info.traceback), eqn.ctx.manager:
+    outs = eqn.primitive.bind(*args, **params)
+  return list(outs) if eqn.primitive.multiple_results else [outs]
+
+
+def varying_axes(x) -> frozenset:
+  """The mesh axes a value inside a shard_map body varies over (jax 0.9 names them
+  `vma`, later versions `mat.varying`); none outside."""
+  aval = jax.typeof(x)
+  axes = getattr(aval, "vma", None)
+  if axes is None:
+    axes = getattr(getattr(aval, "mat", None), "varying", None)
+  return frozenset(axes or ())
+
+
+class LazyReplay:
+  """The outputs of `jaxpr` on `args` (None where unused), each computed when first asked
+  for, behind a barrier on values to wait for: `output(j, wait)` binds the equations
+  output j needs that no earlier output bound (work two outputs share is done once),
+  reading what they take from before through `lax.optimization_barrier` with `wait`, so
+  XLA cannot start them before `wait` is made, nor merge them with the same equations
+  elsewhere (DESIGN.md F1: with barriers kept)."""
+
+  def __init__(self, jaxpr, consts: Sequence[Any], args: Sequence[Any]):
+    self._jaxpr = jaxpr
+    self._values = dict(zip(jaxpr.constvars, consts))
+    self._values.update((v, a) for v, a in zip(jaxpr.invars, args) if a is not None)
+
+  def output(self, j: int, wait: Sequence[Any] = ()) -> Any:
+    v = self._jaxpr.outvars[j]
+    if isinstance(v, jcore.Literal):
+      return v.val
+    eqns, _ = _live_equations(self._jaxpr, [v])
+    todo = [e for e in reversed(eqns) if not all(
+        isinstance(o, _jax_core.DropVar) or o in self._values for o in e.outvars)]
+    local = dict(self._values)
+    made = {o for e in todo for o in e.outvars}
+    sources = list(dict.fromkeys(x for e in todo for x in e.invars
+                                 if not isinstance(x, jcore.Literal) and x not in made))
+    # Inside a shard_map a barrier's results vary over the mesh axes any of its operands
+    # varies over: only sources that vary as `wait` does go through it (a replicated
+    # weight stays replicated; what reads only such values is cheap to merge anyway).
+    axes = frozenset().union(*map(varying_axes, wait))
+    sources = [x for x in sources if varying_axes(local[x]) == axes]
+    if todo and sources and wait:
+      fenced, _ = jax.lax.optimization_barrier(([local[x] for x in sources], list(wait)))
+      local.update(zip(sources, fenced))
+    read = lambda x: x.val if isinstance(x, jcore.Literal) else local[x]
+    for eqn in todo:
+      outs = _bind_eqn(eqn, [read(x) for x in eqn.invars])
+      local.update(zip(eqn.outvars, outs))
+      self._values.update(zip(eqn.outvars, outs))
+    return read(v)
+
+
+def eval_jaxpr_lazily(jaxpr, consts: Sequence[Any], args: Sequence[Any],
+                      late: Mapping[int, Callable[[Sequence[Any]], Any]]) -> list[Any]:
+  """`eval_jaxpr` where the input at each position k of `late` is made where an equation
+  first reads it, as `late[k](wait)`: `wait` are the results of the equation before it
+  and that equation's other operands (what the input waits for: made just before it is
+  needed, not where XLA finds its operands ready)."""
+  values = dict(zip(jaxpr.constvars, consts))
+  values.update((v, a) for k, (v, a) in enumerate(zip(jaxpr.invars, args)) if k not in late)
+  pending = {v: late[k] for k, v in enumerate(jaxpr.invars) if k in late}
+  def read(x):
+    return x.val if isinstance(x, jcore.Literal) else values[x]
+  def make(x, wait):
+    if not isinstance(x, jcore.Literal) and x in pending:
+      values[x] = pending.pop(x)(wait)
+  previous: list = []   # the results of the equation bound last
+  for eqn in jaxpr.eqns:
+    wait = previous + [values[x] for x in eqn.invars
+                       if not isinstance(x, jcore.Literal) and x not in pending]
+    for x in eqn.invars:
+      make(x, wait)
+    previous = _bind_eqn(eqn, [read(x) for x in eqn.invars])
+    values.update(zip(eqn.outvars, previous))
+  for x in jaxpr.outvars:
+    make(x, previous)
+  return [read(x) for x in jaxpr.outvars]
 
 
 def _live_equations(jaxpr, outvars):
@@ -609,7 +692,7 @@ def _eval_jaxpr_concrete(jaxpr, consts, args, env):
   read = lambda v: v.val if isinstance(v, jcore.Literal) else values[v]
   for eqn in jaxpr.eqns:
     values.update(zip(eqn.outvars, bind(eqn.primitive, [read(v) for v in eqn.invars],
-                                        concrete_params(eqn.params, env))))
+                                        concrete_params(eqn.params, env, eqn.primitive.name))))
   return [read(v) for v in jaxpr.outvars]
 
 
@@ -645,8 +728,9 @@ def _concrete_jaxpr(j, env):
 
 def _make_concrete_jaxpr(j, env):
   jaxpr, consts = _closed(j)
-  specs = [jax.ShapeDtypeStruct(_concrete_aval(v.aval, env).shape, v.aval.dtype)
-           for v in jaxpr.invars]
+  # The avals themselves, not shape-dtype structs: inside a shard_map body they carry
+  # the mesh axes a value varies over, which the body's ops check.
+  specs = [_concrete_aval(v.aval, env) for v in jaxpr.invars]
   closed = jax.make_jaxpr(lambda *a: _eval_jaxpr_concrete(jaxpr, consts, a, env))(*specs)
   if isinstance(j, jcore.ClosedJaxpr):
     return closed
@@ -655,8 +739,11 @@ def _make_concrete_jaxpr(j, env):
   return closed.jaxpr
 
 
-def concrete_params(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[str, Any]:
+def concrete_params(params: Mapping[str, Any], env: Mapping[str, int],
+                    primitive: str = "") -> dict[str, Any]:
   """Params with every symbolic dim evaluated, nested jaxprs re-traced at concrete shapes."""
+  if primitive == "shard_map":
+    return _SPECIALIZED.get(params, env, lambda: _concrete_shard_map(params, env))
   def conv(x):
     if jax_dims.is_symbolic(x):
       return _concrete_dim(x, env)
@@ -671,6 +758,45 @@ def concrete_params(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[s
   return {k: conv(v) for k, v in params.items()}
 
 
+def _manual_axes(params: Mapping[str, Any]) -> frozenset:
+  """The mesh axes a shard_map's body is manual over (the param's name changed in jax 0.10)."""
+  return frozenset(params.get("newly_manual_axes", params.get("manual_axes", frozenset())))
+
+
+def same_shard_map_axes(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+  """Whether two shard_maps' bodies run on the same devices over the same manual axes."""
+  return a["mesh"] == b["mesh"] and _manual_axes(a) == _manual_axes(b)
+
+
+def shard_map_like(params: Mapping[str, Any], fun: Callable, in_specs, out_specs) -> Callable:
+  """`jax.shard_map(fun)` on the mesh and manual axes of the shard_map with `params`
+  (and its varying-axes check), with `in_specs` / `out_specs` for `fun`'s operands and
+  its list of results."""
+  return jax.shard_map(fun, mesh=params["mesh"], in_specs=tuple(in_specs),
+                       out_specs=list(out_specs), axis_names=_manual_axes(params),
+                       check_vma=params["check_vma"])
+
+
+def _concrete_shard_map(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[str, Any]:
+  """A shard_map's params at concrete shapes. Its body names mesh axes (a psum over
+  "data"), which only a shard_map binds: it is re-traced through `jax.shard_map` itself,
+  on the global shapes its local ones come from (each dim times its in_spec's split)."""
+  body, mesh = params["jaxpr"], params["mesh"]
+  specs = []
+  for v, spec in zip(body.invars, params["in_specs"]):
+    local = _concrete_aval(v.aval, env)
+    split = sharding.mesh_divisors(mesh, spec, len(local.shape))
+    specs.append(jax.ShapeDtypeStruct(tuple(n * d for n, d in zip(local.shape, split)),
+                                      local.dtype))
+  fun = shard_map_like(params, lambda *xs: _eval_jaxpr_concrete(body, (), xs, env),
+                       params["in_specs"], params["out_specs"])
+  closed = jax.make_jaxpr(fun)(*specs)
+  eqns = [e for e in closed.jaxpr.eqns if e.primitive.name == "shard_map"]
+  if len(eqns) != 1 or closed.consts:
+    raise TracingError("a shard_map did not re-trace as one shard_map at concrete shapes")
+  return dict(eqns[0].params)
+
+
 def specialize_program(program: Program, env: Mapping[str, int]) -> Program:
   """`program` at concrete dims (cached: the same object for the same program and dims)."""
   return _SPECIALIZED.get(program, env, lambda: _make_specialized(program, env))
@@ -678,7 +804,7 @@ def specialize_program(program: Program, env: Mapping[str, int]) -> Program:
 
 def _make_specialized(program: Program, env: Mapping[str, int]) -> Program:
   nodes = tuple(dataclasses.replace(
-      n, params=concrete_params(n.params, env),
+      n, params=concrete_params(n.params, env, n.name),
       subprograms=tuple(_make_specialized(p, env) for p in n.subprograms))
       for n in program.nodes)
   avals = {i: _concrete_aval(a, env) for i, a in program.avals.items()}

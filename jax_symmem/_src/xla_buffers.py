@@ -236,6 +236,8 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   in place by fences (`fence.pinned_draws`); `kept`: values a fence makes XLA store
   (`fence.kept_values`), never fused into their readers."""
   env = graph.constraints.complete(dict(env))
+  program, order, moved = _without_shard_maps(program, order)
+  pinned = [moved.get(i, i) for i in pinned]
   size = graph.bytes_at(env, program.value_ids())
   arguments = sum(size[v] for v in program.inputs)
   windows, split, reduced = (_tree_reductions(graph, env, program) if fusion
@@ -290,6 +292,40 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
   return arguments + allocations.total + table + int(np.cumsum(heap).max(initial=0))
 
 
+def _without_shard_maps(program: Program, order: Sequence[int]
+                        ) -> tuple[Program, Sequence[int], Mapping[int, int]]:
+  """`program` with each top-level shard_map replaced by its body, in `order` (the body's
+  nodes at the shard_map's step, in their own order), the order in it, and each other
+  node's new index by its old. XLA partitions a shard_map away: per device its body is
+  ops like any other, which fuse with their readers outside it. Per device the body's
+  values are its own sizes, and the shard_map's operands and results (split by its
+  specs, `sharding.py`) the same bytes."""
+  if not any(n.name == "shard_map" for n in program.nodes):
+    return program, order, {}
+  rename: dict[int, Operand] = {}
+  avals = dict(program.avals)
+  read = lambda x: x if isinstance(x, Const) else rename.get(x, x)
+  nodes: list[Node] = []
+  moved: dict[int, int] = {}
+  def add(node: Node) -> None:
+    nodes.append(dataclasses.replace(node, index=len(nodes),
+                                     inputs=tuple(read(x) for x in node.inputs)))
+  for i in order:
+    node = program.nodes[i]
+    if node.name != "shard_map":
+      moved[i] = len(nodes)
+      add(node)
+      continue
+    (body,) = node.subprograms
+    avals.update(body.avals)
+    rename.update(zip(body.inputs, (read(x) for x in node.inputs)))
+    for inner in body.nodes:
+      add(inner)
+    rename.update(zip(node.outputs, (read(x) for x in body.outputs)))
+  flat = Program(program.inputs, tuple(nodes), tuple(read(x) for x in program.outputs), avals)
+  return flat, tuple(range(len(nodes))), moved
+
+
 def working_set(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> int:
   """A loop's or cond's working set as XLA stores it at the complete dims `env`: one
   iteration's (one branch's) stored values at its peak, above what it receives and what
@@ -305,9 +341,10 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
   cache = graph.node_cache("xla working set at " + repr(sorted(env.items())))
   if node not in cache:
     best: tuple[int, ...] = ()
+    writes_outputs = node.name in memory.RESULTS_IN_OUTPUTS
     for body in node.subprograms:
       streamed = carried = sliced = frozenset()
-      if node.name == "cond":   # results computed into the cond's own output buffers
+      if writes_outputs:   # results computed into the node's own output buffers
         streamed = frozenset(x for x in body.outputs if not isinstance(x, Const))
       elif node.name == "scan":
         n_consts, k = tracing.scan_counts(node.params)
@@ -324,7 +361,7 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
       size, draws = _with_counters(graph, stored, value_bytes)
       size, upcasts = _with_float32_halves(body, stored, size)
       start, end = stored.live_ranges(np.arange(n))
-      sizes = stored.shared(np.asarray([0 if node.name == "cond" and v in streamed else size[v]
+      sizes = stored.shared(np.asarray([0 if writes_outputs and v in streamed else size[v]
                                         for v in stored.owned], np.int64), start, end)
       if node.name == "scan":
         sizes = _in_loop_state(body, stored, size, sizes, start, end, n_consts, k)
@@ -342,7 +379,7 @@ def _working_parts(graph: ShapeGraph, node: Node, env: Mapping[str, int]) -> tup
           inner[i] = inner.get(i, ()) + (b,)
       for i, parts in inner.items():
         live[i] += sum(parts)
-      hoisted = _hoisted_counters(graph, stored, value_bytes) if node.name != "cond" else ()
+      hoisted = (_hoisted_counters(graph, stored, value_bytes) if not writes_outputs else ())
       if node.name == "scan":   # XLA's table of pointers to the loop's state: the
         # counter, every operand (consts, carries, scanned inputs) and every stacked result
         hoisted += (8 * (1 + len(node.inputs) + len(body.outputs) - k),)
