@@ -42,11 +42,11 @@ def test_a_shard_map_step_is_modeled_per_device_as_the_step_on_one_shard():
   one, _ = steps._step(steps.one_shard_loss)
   local = _analysis(one, opt, 2, 4, 64, ("k, s, _", "k, s"))
   graph, program = sharded.graph, sharded.traced.program
-  forward = next(n for n in program.nodes if n.name == "shard_map")
-  (body,) = forward.subprograms
+  merged = next(n for n in program.nodes if n.name == "shard_map")
+  (body,) = merged.subprograms
   for dims in ({"k": 2, "s": 64}, {"k": 8, "s": 512}):
     env = graph.constraints.complete(dims)
-    for out, inner in zip(forward.outputs, body.outputs):
+    for out, inner in zip(merged.outputs, body.outputs):
       if isinstance(inner, int):   # (not a literal)
         assert graph.bytes(out).evaluate(env) == graph.bytes(inner).evaluate(env)
     x_arg = program.inputs[-2]
@@ -56,8 +56,13 @@ def test_a_shard_map_step_is_modeled_per_device_as_the_step_on_one_shard():
     # k=2, s=64 (where XLA's figure for the shard_map step is the lower: -3 %).
     sharded_figure, local_figure = sharded.dispatch_figure(0, dims), local.dispatch_figure(0, dims)
     assert local_figure - 1024 <= sharded_figure <= 1.12 * local_figure, dims
-  # The pair AD made is found; the whole step in one pair leaves no room to evict.
-  assert len(loop_remat.shard_map_pairs(program)) == 1
+  # The pair AD made is merged into one shard_map (nothing but the cotangent's seed ran
+  # between), whose body is planned as a flat step: rounds lower the prediction.
+  assert [n.name for n in program.nodes].count("shard_map") == 1
+  assert not loop_remat.shard_map_pairs(program)
+  dims = {"k": 8, "s": 512}
+  figures = [sharded.dispatch_figure(k, dims) for k in range(len(sharded.rounds))]
+  assert min(figures) < 0.9 * figures[0], figures
 
 
 def test_every_round_of_per_layer_shard_maps_equals_jax_jit():
@@ -137,12 +142,22 @@ def test_data_parallel_shard_map_on_four_devices():
     assert 0.85 <= row["prediction"] / row["xla"] <= 1.15, row
 
 
-@pytest.mark.slow
-def test_per_layer_shard_maps_on_four_devices_reach_per_layer_checkpointing():
-  result = _four_devices()["per_layer"]
+def _reaches_per_layer_checkpointing_under_a_budget(result):
   assert all(r["equal"] for r in result["rounds"])
   least = min(r["xla"] for r in result["rounds"])
   assert least <= 1.05 * result["per_layer_checkpoint_xla"] < result["rounds"][0]["xla"], result
   call = result["call"]
   assert call["round"] > 0 and call["xla_bytes"] + call["reserved"] <= result["budget"], result
   assert result["budgeted_equal"]
+
+
+@pytest.mark.slow
+def test_per_layer_shard_maps_on_four_devices_reach_per_layer_checkpointing():
+  _reaches_per_layer_checkpointing_under_a_budget(_four_devices()["per_layer"])
+
+
+@pytest.mark.slow
+def test_a_merged_shard_map_pair_on_four_devices_reaches_per_layer_checkpointing():
+  # Measured: XLA 8.42 MB at round 0 (the merged program; the step as traced 9.47),
+  # 5.28 MB at the last round, jax.checkpoint on each layer 6.72.
+  _reaches_per_layer_checkpointing_under_a_budget(_four_devices()["data_parallel"])

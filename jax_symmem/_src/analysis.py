@@ -27,6 +27,7 @@ from jax_symmem._src.decider import DecisionCounts
 from jax_symmem._src.device import live_bytes as _live_bytes
 from jax_symmem._src import remat
 from jax_symmem._src import schedule as schedule_lib
+from jax_symmem._src import shard_map_merge
 from jax_symmem._src import sharding as sharding_lib
 from jax_symmem._src import xla_buffers
 from jax_symmem._src.budget import sizes
@@ -450,6 +451,7 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
   its schedule and rounds are replayed instead of planned (`origin` names it in
   errors); each round is rebuilt the first time it is read (`remat.ReplayedRounds`).
   """
+  traced = dataclasses.replace(traced, program=shard_map_merge.merge(traced.program))
   graph = _graph(traced, argument_divisors)
   if decisions is None:
     sched, rounds, stats = _plan(graph, None)

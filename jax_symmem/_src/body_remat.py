@@ -1,4 +1,4 @@
-"""Rematerialization inside a scan body that holds a whole forward and backward pass.
+"""Rematerialization inside a body that holds a whole forward and backward pass.
 
 Gradient accumulation scans over microbatches: each iteration runs the model's
 forward and backward pass (`value_and_grad` inside the body) and adds the gradients
@@ -13,6 +13,10 @@ trip count: the recomputation runs every iteration) per byte saved. Applying the
 rewrites the body with the same fences and clones as at the top level
 (`remat.apply_regions`) and rebuilds the scan around it (`rebuild`), so the
 recomputation runs inside the loop. The next round plans on the rebuilt body.
+
+A shard_map that runs a whole forward and backward pass (a data-parallel step with its
+loss under `jax.shard_map`, merged by `shard_map_merge`) is planned the same way: its
+body is the step per device, run once.
 """
 
 from __future__ import annotations
@@ -74,9 +78,11 @@ class BodyEviction:
 
 
 def plannable(node: Node, paired: set[int]) -> bool:
-  """Whether the body of `node` is planned as a flat program: a scan that is not half
-  of a forward/backward pair (those are `loop_remat`'s)."""
-  return node.name == "scan" and node.index not in paired and len(node.subprograms) == 1
+  """Whether the body of `node` is planned as a flat program: a scan, or a shard_map
+  (one that runs a whole forward and backward pass: `shard_map_merge`), that is not
+  half of a forward/backward pair (those are `loop_remat`'s)."""
+  return (node.name in ("scan", "shard_map") and node.index not in paired
+          and len(node.subprograms) == 1)
 
 
 def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -> Program:
@@ -85,6 +91,11 @@ def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -
   its new body is re-traced with value ids above every id in `program`."""
   node = program.nodes[index]
   p = node.params
+  if node.name == "shard_map":
+    def shard_map_fn(*operands):
+      return interpret.run(body, list(operands), order)
+    fun = tracing.shard_map_like(p, shard_map_fn, p["in_specs"], p["out_specs"])
+    return _replace(program, index, node, fun, body, order)
   n_consts, n_carry = tracing.scan_counts(p)
 
   def scan_fn(*operands):
@@ -99,8 +110,13 @@ def rebuild(program: Program, index: int, body: Program, order: Sequence[int]) -
                          reverse=p["reverse"], unroll=loop_remat.REWRITTEN_UNROLL)
     return [*carry, *ys]
 
+  return _replace(program, index, node, scan_fn, body, order)
+
+
+def _replace(program: Program, index: int, node: Node, fun, body: Program, order) -> Program:
+  """`program` with `node` (at `index`) replaced by the one node `fun` traces to."""
   avals = [x.aval if isinstance(x, Const) else program.avals[x] for x in node.inputs]
-  new, sub = tracing.node_from_function(scan_fn, avals, program.max_id() + 1)
+  new, sub = tracing.node_from_function(fun, avals, program.max_id() + 1)
   new = _with_sources(new, [body.nodes[i] for i in order])
   new, forwarded = loop_remat._rebind(new, sub, list(node.inputs), list(node.outputs), index)
   avals = dict(program.avals)

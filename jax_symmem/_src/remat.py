@@ -47,6 +47,7 @@ from jax_symmem._src import loop_remat
 from jax_symmem._src import memory
 from jax_symmem._src import progress
 from jax_symmem._src import schedule as schedule_lib
+from jax_symmem._src import tracing
 from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly
@@ -419,10 +420,12 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer
   # The body's own forward/backward scan pairs too (accumulation over a scanned model):
   # derived afresh from the body as it stands, so a pair rewritten in an earlier round
   # offers its remaining residuals.
+  # (Not inside a shard_map: rewriting a pair traces its new scans apart from the
+  # shard_map, where the collectives and varying values of their bodies have no mesh.)
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
-               node_flops=node_flops, loops=loop_remat.pairs(body), descend=False,
-               layer_groups=layer_groups)
-  trips = scan_length(node)
+               node_flops=node_flops, descend=False, layer_groups=layer_groups,
+               loops=loop_remat.pairs(body) if node.name == "scan" else {})
+  trips = scan_length(node) if node.name == "scan" else Poly.const(1)
   def in_body(r):
     if isinstance(r, GROUPS):   # members ranked as one
       members = tuple(body_remat.BodyEviction(index, x, trips) for x in r.regions)
@@ -647,6 +650,12 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
     evicted = {r.value for r in group}
     anchors = sorted({a for r in group for a in r.anchors})
     trigger = trigger_of[consumer]
+    # Inside a shard_map body a barrier takes operands that vary over the same mesh
+    # axes only: those of the trigger's kind (the first anchor's without one) are fenced;
+    # the rest (a replicated weight beside a batch shard) are read as they are, and the
+    # recomputation still waits through the others.
+    kind = _varying(avals, trigger if trigger is not None else (anchors or [None])[0])
+    anchors = [a for a in anchors if _varying(avals, a) == kind]
     # 1. The barrier: anchors and the trigger (as last fenced) pass through together.
     fenced_in = anchors + ([] if trigger is None else [fenced.get(trigger, trigger)])
     fenced_out = []
@@ -712,6 +721,11 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
   return rewritten, tuple(order), tuple(blocks)
 
 
+def _varying(avals, v) -> frozenset:
+  """The mesh axes value `v` varies over inside a shard_map body (none elsewhere)."""
+  return frozenset() if v is None else tracing.aval_varying_axes(avals[v])
+
+
 def _live_nodes(program: Program) -> np.ndarray:
   """Whether each node contributes to the outputs (or has effects): what XLA keeps."""
   producer = {o: n for n in program.nodes for o in n.outputs}
@@ -755,7 +769,7 @@ def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
                   key=position.__getitem__):   # in order: each sees the copies made before
     fence, k = program.nodes[b], position[b]
     v = _Triggers(program, order, len(order), live).at(k, fence.operands)
-    if v is None:
+    if v is None or _varying(program.avals, v) != _varying(program.avals, fence.operands[-1]):
       continue
     copy = program.max_id() + 1
     read_node, read_val = program.reads

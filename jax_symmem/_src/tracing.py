@@ -483,7 +483,12 @@ def _bind_eqn(eqn, args: Sequence[Any]) -> list[Any]:
 def varying_axes(x) -> frozenset:
   """The mesh axes a value inside a shard_map body varies over (jax 0.9 names them
   `vma`, later versions `mat.varying`); none outside."""
-  aval = jax.typeof(x)
+  return aval_varying_axes(jax.typeof(x))
+
+
+def aval_varying_axes(aval) -> frozenset:
+  """`varying_axes` of a value of `aval`. An optimization barrier inside a shard_map
+  takes only operands that vary over the same axes."""
   axes = getattr(aval, "vma", None)
   if axes is None:
     axes = getattr(getattr(aval, "mat", None), "varying", None)
