@@ -63,6 +63,7 @@ def test_a_shard_map_step_is_modeled_per_device_as_the_step_on_one_shard():
   dims = {"k": 8, "s": 512}
   figures = [sharded.dispatch_figure(k, dims) for k in range(len(sharded.rounds))]
   assert min(figures) < 0.9 * figures[0], figures
+  assert "inside the shard_map's body" in sharded.plan
 
 
 def test_every_round_of_per_layer_shard_maps_equals_jax_jit():

@@ -37,7 +37,7 @@ from jax_symmem._src.shape_graph import ShapeGraph
 
 @dataclasses.dataclass(frozen=True)
 class BodyEviction:
-  """A flat region (`remat.Region`) of the body of the scan at node `node`."""
+  """A flat region (`remat.Region`) of the body of the scan (or shard_map) at node `node`."""
   node: int          # node index of the scan: the same in every round
   item: Any          # the region, in the body as it stands in the round it was planned on
   trips: Poly        # the scan's length: the regeneration runs once per iteration
@@ -72,9 +72,12 @@ class BodyEviction:
       how = "regenerated in the backward scan; recompute"
     else:
       what, how = info.shape_str(), f"recompute {len(self.item.nodes)} op(s) ="
-    return (f"evict {what} from {where} inside a scan body (each of its {self.trips} "
-            f"iterations): saves {self.saved} B, {how} {self.cost} FLOPs"
-            + at_dims(graph, self.saved, self.cost, dims))
+    # (The node's index is the same in every round, the traced program's included.)
+    inside = ("inside the shard_map's body"
+              if graph.traced.program.nodes[self.node].name == "shard_map"
+              else f"inside a scan body (each of its {self.trips} iterations)")
+    return (f"evict {what} from {where} {inside}: saves {self.saved} B, {how} {self.cost} "
+            "FLOPs" + at_dims(graph, self.saved, self.cost, dims))
 
 
 def plannable(node: Node, paired: set[int]) -> bool:
