@@ -2,10 +2,6 @@
 pairs AD makes, and their rounds against jax.jit (tests/shard_map_steps.py)."""
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import jax
 from jax.sharding import AbstractMesh, Mesh
@@ -15,6 +11,7 @@ import pytest
 import jax_symmem as symmem
 from jax_symmem._src import loop_remat
 from jax_symmem._src import variants
+from tests import host_devices
 from tests import shard_map_steps as steps
 
 
@@ -120,14 +117,7 @@ def test_symmem_jit_runs_a_shard_map_step_like_jax_jit():
 
 @functools.lru_cache(maxsize=None)
 def _four_devices() -> dict:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, "-m", "tests.shard_map_steps"], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return {r["step"]: r for r in map(json.loads, (line for line in proc.stdout.splitlines()
-                                                  if line.startswith("{")))}
+  return {r["step"]: r for r in host_devices.run_json("tests.shard_map_steps", 4)}
 
 
 @pytest.mark.slow   # a subprocess with 4 host devices compiling every round: ~1 min

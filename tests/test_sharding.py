@@ -1,10 +1,6 @@
 """Sharded steps: per-device sizes (propagation rules) and symmem.jit with shardings on 8 devices."""
 
 import functools
-import json
-import os
-import subprocess
-import sys
 
 import chex
 import jax
@@ -15,6 +11,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import sharding
+from tests import host_devices
 
 
 def _propagated(fun, args, shapes, divisors):
@@ -132,13 +129,7 @@ def test_shardings_on_a_one_device_mesh_match_jax_jit():
 
 @functools.lru_cache(maxsize=None)
 def _sharded_run() -> list[dict]:
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  proc = subprocess.run([sys.executable, "-m", "tests.sharded_llama"], cwd=root, env=env,
-                        capture_output=True, text=True, timeout=900)
-  assert proc.returncode == 0, proc.stderr[-4000:]
-  return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+  return host_devices.run_json("tests.sharded_llama", 8)
 
 
 @pytest.mark.slow   # a subprocess with 8 host devices: ~1 min
