@@ -66,6 +66,19 @@ def data_parallel_step(mesh: Mesh, checkpoint: bool = False):
   return _step(loss)
 
 
+def scanned_data_parallel_step(mesh: Mesh):
+  """`data_parallel_step` with the layers' weights stacked and run by `lax.scan`."""
+  def per_device(params, x, mask):
+    stacked = jax.tree_util.tree_map(lambda *w: jnp.stack(w), *params)
+    x, _ = jax.lax.scan(lambda h, p: (layer(p, h), None), x, stacked)
+    total, count = _masked_mean(x, mask)
+    return jax.lax.psum(total, "data") / jax.lax.psum(count, "data")
+  def loss(params, x, mask):
+    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data"), P("data")),
+                         out_specs=P())(params, x, mask)
+  return _step(loss)
+
+
 def one_shard_loss(params, x, mask):
   """`data_parallel_step`'s loss for one device's shard, without shard_map."""
   for p in params:

@@ -115,6 +115,23 @@ def test_symmem_jit_runs_a_shard_map_step_like_jax_jit():
   assert sym.cache_info()["fallback_calls"] == 0
 
 
+def test_a_scanned_model_under_a_shard_map_plans_its_top_level_and_matches_jax_jit():
+  # The merged body holds the forward and backward scans; their pair is not planned there
+  # (rewriting it would trace new scans apart from the shard_map's mesh axes), so the
+  # step plans no eviction, but plans: no fallback, results equal to jax.jit's.
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  step, opt = steps.scanned_data_parallel_step(mesh)
+  params = steps.init(2)
+  state = opt.init(params)
+  sym = symmem.jit(step, polymorphic_shapes=(None, None, "k, s, _", "k, s"),
+                   constraints=("k <= 4", "s <= 64"))
+  x, mask = steps.batch(2, 32)
+  assert steps._close(sym(params, state, x, mask), jax.jit(step)(params, state, x, mask))
+  assert sym.cache_info()["fallback_calls"] == 0
+  program = sym.analyze(params, state, x, mask).traced.program
+  assert [n.name for n in program.nodes].count("shard_map") == 1
+
+
 @functools.lru_cache(maxsize=None)
 def _four_devices() -> dict:
   return {r["step"]: r for r in host_devices.run_json("tests.shard_map_steps", 4)}
