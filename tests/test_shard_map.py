@@ -87,9 +87,11 @@ def test_every_round_of_per_layer_shard_maps_equals_jax_jit():
     assert steps._close(fn(*leaves), ref), k
 
 
-def test_a_shard_map_plan_is_replayed_from_the_plan_cache(tmp_path):
+@pytest.mark.parametrize("make_step", [steps.per_layer_step, steps.data_parallel_step])
+def test_a_shard_map_plan_is_replayed_from_the_plan_cache(tmp_path, make_step):
+  # Pairs and a merged pair's body regions alike.
   mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
-  step, opt = steps.per_layer_step(mesh)
+  step, opt = make_step(mesh)
   params = steps.init(2)
   args = (params, opt.init(params), *steps.batch(2, 32))
   plans = [symmem.analyze(step, *args, polymorphic_shapes=(None, None, "k, s, _", "k, s"),
