@@ -52,31 +52,34 @@ def _step(loss):
   return step, opt
 
 
-def data_parallel_step(mesh: Mesh, checkpoint: bool = False):
-  """(step, optimizer): every layer and the loss inside one shard_map over "data"."""
-  body = jax.checkpoint(layer) if checkpoint else layer
+def _data_parallel(mesh: Mesh, run_layers):
+  """(step, optimizer): `run_layers(params, x)` and the loss inside one shard_map over
+  "data", each device's loss sum and token count psummed."""
   def per_device(params, x, mask):
-    for p in params:
-      x = body(p, x)
-    total, count = _masked_mean(x, mask)
+    total, count = _masked_mean(run_layers(params, x), mask)
     return jax.lax.psum(total, "data") / jax.lax.psum(count, "data")
   def loss(params, x, mask):
     return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data"), P("data")),
                          out_specs=P())(params, x, mask)
   return _step(loss)
+
+
+def data_parallel_step(mesh: Mesh, checkpoint: bool = False):
+  """Every layer (under `jax.checkpoint` if `checkpoint`) and the loss in one shard_map."""
+  body = jax.checkpoint(layer) if checkpoint else layer
+  def run_layers(params, x):
+    for p in params:
+      x = body(p, x)
+    return x
+  return _data_parallel(mesh, run_layers)
 
 
 def scanned_data_parallel_step(mesh: Mesh):
   """`data_parallel_step` with the layers' weights stacked and run by `lax.scan`."""
-  def per_device(params, x, mask):
+  def run_layers(params, x):
     stacked = jax.tree_util.tree_map(lambda *w: jnp.stack(w), *params)
-    x, _ = jax.lax.scan(lambda h, p: (layer(p, h), None), x, stacked)
-    total, count = _masked_mean(x, mask)
-    return jax.lax.psum(total, "data") / jax.lax.psum(count, "data")
-  def loss(params, x, mask):
-    return jax.shard_map(per_device, mesh=mesh, in_specs=(P(), P("data"), P("data")),
-                         out_specs=P())(params, x, mask)
-  return _step(loss)
+    return jax.lax.scan(lambda h, p: (layer(p, h), None), x, stacked)[0]
+  return _data_parallel(mesh, run_layers)
 
 
 def one_shard_loss(params, x, mask):

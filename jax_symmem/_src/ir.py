@@ -83,7 +83,7 @@ class Program:
 
   @functools.cached_property
   def control_flow(self) -> tuple[Node, ...]:
-    """The nodes with subprograms (scan, while, cond), in node order."""
+    """The nodes with subprograms (scan, while, cond, shard_map), in node order."""
     return tuple(n for n in self.nodes if n.subprograms)
 
   def walk(self):

@@ -10,7 +10,7 @@ donates, every step's bytes are exact polynomials over the dims:
   the operand is a program output or a held argument;
 * an output that aliases an operand (`ALIAS_RULES`) allocates nothing and keeps
   the operand's buffer alive as long as either is live;
-* a control-flow node (scan, while, cond) also needs its body's working set
+* a control-flow node (scan, while, cond, shard_map) also needs its body's working set
   while it runs: the body's own modeled peak above the body's inputs
   (`Step.transient`); so does a random draw, whose counters XLA holds beside its
   result (`WORKING_SET_RULES`).

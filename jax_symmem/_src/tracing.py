@@ -3,8 +3,8 @@
 `trace` runs `jax.make_jaxpr` on `jax.export.symbolic_args_specs` and flattens
 the result into a `Program`: call-like primitives (jit/pjit, closed_call,
 custom_jvp/custom_vjp calls, remat) are inlined, because for memory they are
-just their bodies; control flow (scan, while, cond) stays one node whose bodies
-are flattened too (`Node.subprograms`). Downstream stages see only `Program`,
+just their bodies; control flow (scan, while, cond) and a shard_map (whose body runs
+per device) stay one node whose bodies are flattened too (`Node.subprograms`). Downstream stages see only `Program`,
 `Node` and `Const`, never `jax.core` objects beyond primitives and avals.
 
 Together with `jax_dims.py` this is the only module that touches private JAX
