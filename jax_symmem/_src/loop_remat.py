@@ -158,9 +158,14 @@ class ResidualGroup:
             "FLOPs" + at)
 
 
+# Pairs of nodes that run a body once (a cond's branch, a shard_map's body): rewritten by
+# `_rewrite_cond`, where a scan pair's bodies run per iteration.
+ONE_TRIP = ("cond", "shard_map")
+
+
 def _kind(primitive: str) -> str:
   """What a pair is called in plans: the primitive of its nodes."""
-  return primitive if primitive in ("cond", "shard_map") else "scan"
+  return primitive if primitive in ONE_TRIP else "scan"
 
 
 # --- finding pairs ---------------------------------------------------------------------
@@ -363,7 +368,7 @@ def candidates(graph: ShapeGraph, pairs: Mapping[int, LoopState], env: Mapping[s
   regeneration passes it forward operands)."""
   out = []
   for fi, state in pairs.items():
-    if state.forward.name in ("cond", "shard_map"):
+    if state.forward.name in ONE_TRIP:
       out += _cond_candidates(graph, fi, state, env, live)
     else:
       out += _scan_candidates(graph, fi, state, env)
@@ -779,7 +784,7 @@ def rewrite(program: Program, state: LoopState, evicted: frozenset[int]
   keep their value ids; new values are numbered above every id in `program`.
   A cond or shard_map pair is rewritten by `_rewrite_cond`.
   """
-  if state.forward.name in ("cond", "shard_map"):
+  if state.forward.name in ONE_TRIP:
     return _rewrite_cond(program, state, evicted)
   next_id = program.max_id() + 1
   f, b = state.forward, state.backward

@@ -19,6 +19,7 @@ shard_map reads it replicated.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 from jax_symmem._src import interpret
@@ -71,14 +72,11 @@ def _merge_pair(program: Program, f: Node, b: Node) -> Program | None:
   for k, x in enumerate(b.inputs):
     if not isinstance(x, Const) and x in inside and not _replicated(b.params["in_specs"][k]):
       return None
-  readers: dict[int, list[Node]] = {}
-  for node in program.nodes:
-    for x in node.operands:
-      readers.setdefault(x, []).append(node)
+  readers = loop_remat._uses(program)   # value -> [(node, operand position)]
   returned = {x for x in program.outputs if not isinstance(x, Const)}
   def read_outside(v) -> bool:
     return v in returned or any(r is not b and r.index not in moved_ids
-                                for r in readers.get(v, ()))
+                                for r, _ in readers.get(v, ()))
   if any(map(read_outside, inside)):
     return None   # a moved value is read outside too
   outer = list(dict.fromkeys(x for x in b.operands if x not in made and x not in inside))
@@ -128,9 +126,8 @@ def _merge_pair(program: Program, f: Node, b: Node) -> Program | None:
 
 
 def _renumbered(program: Program, nodes: Sequence[Node], forwarded, avals) -> Program:
+  """`nodes` as a program, indexed in their order, reading what the merged node forwarded."""
   rename = lambda x: x if isinstance(x, Const) else forwarded.get(x, x)
-  out = tuple(Node(index=k, primitive=n.primitive, params=n.params,
-                   inputs=tuple(rename(x) for x in n.inputs), outputs=n.outputs,
-                   source=n.source, effects=n.effects, subprograms=n.subprograms)
+  out = tuple(dataclasses.replace(n, index=k, inputs=tuple(rename(x) for x in n.inputs))
               for k, n in enumerate(nodes))
   return Program(program.inputs, out, tuple(rename(x) for x in program.outputs), avals)

@@ -515,7 +515,6 @@ class LazyReplay:
     eqns, _ = _live_equations(self._jaxpr, [v])
     todo = [e for e in reversed(eqns) if not all(
         isinstance(o, _jax_core.DropVar) or o in self._values for o in e.outvars)]
-    local = dict(self._values)
     made = {o for e in todo for o in e.outvars}
     sources = list(dict.fromkeys(x for e in todo for x in e.invars
                                  if not isinstance(x, jcore.Literal) and x not in made))
@@ -523,15 +522,14 @@ class LazyReplay:
     # varies over: only sources that vary as `wait` does go through it (a replicated
     # weight stays replicated; what reads only such values is cheap to merge anyway).
     axes = frozenset().union(*map(varying_axes, wait))
-    sources = [x for x in sources if varying_axes(local[x]) == axes]
+    sources = [x for x in sources if varying_axes(self._values[x]) == axes]
+    fenced = {}   # what these equations read through the barrier (later outputs fence anew)
     if todo and sources and wait:
-      fenced, _ = jax.lax.optimization_barrier(([local[x] for x in sources], list(wait)))
-      local.update(zip(sources, fenced))
-    read = lambda x: x.val if isinstance(x, jcore.Literal) else local[x]
+      through, _ = jax.lax.optimization_barrier(([self._values[x] for x in sources], list(wait)))
+      fenced = dict(zip(sources, through))
+    read = lambda x: x.val if isinstance(x, jcore.Literal) else fenced.get(x, self._values[x])
     for eqn in todo:
-      outs = _bind_eqn(eqn, [read(x) for x in eqn.invars])
-      local.update(zip(eqn.outvars, outs))
-      self._values.update(zip(eqn.outvars, outs))
+      self._values.update(zip(eqn.outvars, _bind_eqn(eqn, [read(x) for x in eqn.invars])))
     return read(v)
 
 

@@ -81,6 +81,7 @@ from typing import Iterable, Mapping, Sequence
 import numpy as np
 
 from jax_symmem._src import memory
+from jax_symmem._src import sharding
 from jax_symmem._src import tracing
 from jax_symmem._src.ir import Const, Node, Operand, Program
 from jax_symmem._src.poly import Poly
@@ -300,7 +301,7 @@ def _without_shard_maps(program: Program, order: Sequence[int]
   ops like any other, which fuse with their readers outside it. Per device the body's
   values are its own sizes, and the shard_map's operands and results (split by its
   specs, `sharding.py`) the same bytes."""
-  if not any(n.name == "shard_map" for n in program.nodes):
+  if not sharding.has_shard_map(program):
     return program, order, {}
   rename: dict[int, Operand] = {}
   avals = dict(program.avals)
