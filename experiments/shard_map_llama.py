@@ -11,9 +11,12 @@ the longest length: the round it ran, XLA's figure, and its results against `jax
 compiled with the round's options.
 
   python -m experiments.shard_map_llama [--preset small] [--lengths 128,256,512] [--b 8]
+                                        [--scan]
 
-Sets --xla_force_host_platform_device_count=4 itself (before JAX starts). Writes
-experiments/results/shard_map_llama.json (or --out).
+--scan runs the layers with `nn.scan` over stacked weights (inside the shard_map, the
+forward and backward scans AD makes are a pair `symmem.jit` plans in the shard_map's
+body). Sets --xla_force_host_platform_device_count=4 itself (before JAX starts). Writes
+experiments/results/shard_map_llama[_scan].json (or --out).
 """
 
 from __future__ import annotations
@@ -41,15 +44,17 @@ from jax_symmem.examples import llama  # noqa: E402
 PRESET = flags.DEFINE_string("preset", "small", "llama.PRESETS entry")
 LENGTHS = flags.DEFINE_string("lengths", "128,256,512", "sequence lengths, comma-separated")
 BATCH = flags.DEFINE_integer("b", 8, "global batch (split 4 ways)")
-OUT = flags.DEFINE_string("out", "experiments/results/shard_map_llama.json", "JSON output")
+SCAN = flags.DEFINE_bool("scan", False, "layers under nn.scan (stacked weights)")
+OUT = flags.DEFINE_string("out", None, "JSON output (default experiments/results/"
+                          "shard_map_llama[_scan].json)")
 
 SHAPES = (None, "4*k, s", "4*k, s")
 
 
-def data_parallel_step(cfg, mesh: Mesh, remat_policy=None):
+def data_parallel_step(cfg, mesh: Mesh, remat_policy=None, scan_layers: bool = False):
   """`llama.adamw_train_step` of the masked next-token loss, averaged over every device's
   counted tokens, with the model and loss under one shard_map."""
-  model = llama.Llama(cfg, remat_policy=remat_policy)
+  model = llama.Llama(cfg, scan_layers=scan_layers, remat_policy=remat_policy)
   def per_device(params, tokens, mask):
     logits = model.apply({"params": params}, tokens)
     weights = (mask[:, :-1] * mask[:, 1:]).astype(jnp.float32)
@@ -74,9 +79,9 @@ def main(argv):
   assert jax.device_count() == 4, jax.devices()
   cfg = llama.PRESETS[PRESET.value]
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  step = data_parallel_step(cfg, mesh)
-  per_layer = data_parallel_step(cfg, mesh, remat_policy="layer")
-  state = llama.init_state(cfg)
+  step = data_parallel_step(cfg, mesh, scan_layers=SCAN.value)
+  per_layer = data_parallel_step(cfg, mesh, remat_policy="layer", scan_layers=SCAN.value)
+  state = llama.init_state(cfg, scan_layers=SCAN.value)
   lengths = [int(x) for x in LENGTHS.value.split(",")]
   constraints = (f"k <= {BATCH.value // 4}", f"s <= {max(lengths)}", "s >= 2")
   t0 = time.perf_counter()
@@ -85,7 +90,7 @@ def main(argv):
   plan_s = time.perf_counter() - t0
   sym = symmem.jit(step, polymorphic_shapes=SHAPES, constraints=constraints)
   rows = []
-  print(f"{PRESET.value} Llama, b={BATCH.value} over 4 devices: planned in {plan_s:.1f} s, "
+  print(f"{PRESET.value} Llama{' (nn.scan)' if SCAN.value else ''}, b={BATCH.value} over 4 devices: planned in {plan_s:.1f} s, "
         f"{len(analysis.rounds)} rounds; "
         f"{[n.name for n in analysis.traced.program.nodes].count('shard_map')} shard_map(s)")
   for s in lengths:
@@ -150,9 +155,11 @@ def main(argv):
           f"{call['xla_bytes'] / MiB:.1f} MiB + {call['reserved'] / MiB:.1f} held, within "
           f"{calls[-1]['within']}, vs jax.jit with its options {calls[-1]['deviation_vs_jit']}")
     del out, expected
-  _common.write_results(OUT.value, {"preset": PRESET.value, "batch": BATCH.value,
-                                 "plan_seconds": plan_s, "rounds": len(analysis.rounds),
-                                 "lengths": rows, "budget": budget, "budgeted": calls})
+  out = OUT.value or (f"experiments/results/shard_map_llama{'_scan' if SCAN.value else ''}"
+                      ".json")
+  _common.write_results(out, {"preset": PRESET.value, "scan": SCAN.value, "batch": BATCH.value,
+                              "plan_seconds": plan_s, "rounds": len(analysis.rounds),
+                              "lengths": rows, "budget": budget, "budgeted": calls})
 
 
 if __name__ == "__main__":

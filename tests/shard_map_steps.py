@@ -3,9 +3,10 @@
 Two ways people write them: the whole loss under one shard_map (data parallelism with
 explicit collectives: each device's loss and token count summed with `psum`), and one
 shard_map per layer (a layer with its own per-device code, as ring attention or an
-expert-parallel MoE layer is written). `python -m tests.shard_map_steps` with
-XLA_FLAGS=--xla_force_host_platform_device_count=4 runs both on 4 host devices under
-symmem.jit and prints one JSON line each with what the test asserts.
+expert-parallel MoE layer is written); and the first with its layers under `lax.scan`.
+`python -m tests.shard_map_steps` with XLA_FLAGS=--xla_force_host_platform_device_count=4
+runs the three on 4 host devices under symmem.jit and prints one JSON line each with what
+the test asserts.
 """
 
 import json
@@ -74,11 +75,13 @@ def data_parallel_step(mesh: Mesh, checkpoint: bool = False):
   return _data_parallel(mesh, run_layers)
 
 
-def scanned_data_parallel_step(mesh: Mesh):
-  """`data_parallel_step` with the layers' weights stacked and run by `lax.scan`."""
+def scanned_data_parallel_step(mesh: Mesh, checkpoint: bool = False):
+  """`data_parallel_step` with the layers' weights stacked and run by `lax.scan` (the
+  scanned layer under `jax.checkpoint` if `checkpoint`)."""
+  body = jax.checkpoint(layer) if checkpoint else layer
   def run_layers(params, x):
     stacked = jax.tree_util.tree_map(lambda *w: jnp.stack(w), *params)
-    return jax.lax.scan(lambda h, p: (layer(p, h), None), x, stacked)[0]
+    return jax.lax.scan(lambda h, p: (body(p, h), None), x, stacked)[0]
   return _data_parallel(mesh, run_layers)
 
 
@@ -186,10 +189,12 @@ def _budgeted(step, params, state, x, mask, analysis, dims, budget) -> dict:
           "budgeted_equal": _close(got, chosen(*leaves))}
 
 
-def run_per_layer(mesh: Mesh) -> dict:
-  """Every round at the longest shape against jax.jit, XLA's figure for each and for the
-  step with `jax.checkpoint` on each layer, and a budgeted call between the two."""
-  step, opt = per_layer_step(mesh)
+def run_rounds(mesh: Mesh, which: str) -> dict:
+  """For "per_layer" or "scanned" (`scanned_data_parallel_step`): every round at the
+  longest shape against jax.jit, XLA's figure for each and for the step with
+  `jax.checkpoint` on each layer, and a budgeted call between the two."""
+  make_step = per_layer_step if which == "per_layer" else scanned_data_parallel_step
+  step, opt = make_step(mesh)
   params = init(3)
   state = opt.init(params)
   b, s = 16, 256
@@ -205,13 +210,13 @@ def run_per_layer(mesh: Mesh) -> dict:
         compiler_options=variants.round_options(analysis, k, "cpu"))
     rounds.append({"round": k, "equal": _close(exe(*leaves), ref), "xla": _xla_bytes(exe),
                    "prediction": analysis.dispatch_figure(k, dims)})
-  ckpt_step, _ = per_layer_step(mesh, checkpoint=True)
+  ckpt_step, _ = make_step(mesh, checkpoint=True)
   per_layer = _xla_bytes(jax.jit(ckpt_step).lower(params, state, x, mask).compile(
       compiler_options=variants.round_options(analysis, len(analysis.rounds) - 1, "cpu")))
   # What other live arrays hold counts against a budget: room for 1.1 x per-layer
   # checkpointing beside them (the arguments are counted in both: a little slack).
   del exe
-  return {"step": "per_layer", "rounds": rounds, "per_layer_checkpoint_xla": per_layer,
+  return {"step": which, "rounds": rounds, "per_layer_checkpoint_xla": per_layer,
           **_budgeted(step, params, state, x, mask, analysis, dims,
                       device.live_bytes() + int(1.1 * per_layer))}
 
@@ -219,6 +224,6 @@ def run_per_layer(mesh: Mesh) -> dict:
 if __name__ == "__main__":
   assert jax.device_count() == 4, "run with XLA_FLAGS=--xla_force_host_platform_device_count=4"
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  for which in sys.argv[1:] or ("data_parallel", "per_layer"):
-    result = run_data_parallel(mesh) if which == "data_parallel" else run_per_layer(mesh)
+  for which in sys.argv[1:] or ("data_parallel", "per_layer", "scanned"):
+    result = run_data_parallel(mesh) if which == "data_parallel" else run_rounds(mesh, which)
     print(json.dumps(result), flush=True)

@@ -16,7 +16,9 @@ recomputation runs inside the loop. The next round plans on the rebuilt body.
 
 A shard_map that runs a whole forward and backward pass (a data-parallel step with its
 loss under `jax.shard_map`, merged by `shard_map_merge`) is planned the same way: its
-body is the step per device, run once.
+body is the step per device, run once; a scan pair inside it (layers under `nn.scan`) is
+rewritten as the shard_map traces its body, with the mesh axes bound
+(`tracing.inside_shard_map`).
 """
 
 from __future__ import annotations

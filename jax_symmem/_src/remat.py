@@ -32,6 +32,7 @@ checkpointing's on the layers it evicts.
 from __future__ import annotations
 
 import collections.abc
+import contextlib
 import dataclasses
 import fractions
 import functools
@@ -417,14 +418,12 @@ def _body_candidates(graph, program, index, tight, env, loops, node_flops, layer
   if not body_remat.plannable(node, paired) or memory.transient_at(graph, node, env) <= 0:
     return [], DecisionCounts()
   body = node.subprograms[0]
-  # The body's own forward/backward scan pairs too (accumulation over a scanned model):
-  # derived afresh from the body as it stands, so a pair rewritten in an earlier round
-  # offers its remaining residuals.
-  # (Not inside a shard_map: rewriting a pair traces its new scans apart from the
-  # shard_map, where the collectives and varying values of their bodies have no mesh.)
+  # The body's own forward/backward scan pairs too (accumulation over a scanned model, a
+  # scanned model under a data-parallel shard_map): derived afresh from the body as it
+  # stands, so a pair rewritten in an earlier round offers its remaining residuals.
   inner = plan(graph, range(len(body.nodes)), program=body, shape_of_interest=tight,
                node_flops=node_flops, descend=False, layer_groups=layer_groups,
-               loops=loop_remat.pairs(body) if node.name == "scan" else {})
+               loops=loop_remat.pairs(body))
   trips = scan_length(node) if node.name == "scan" else Poly.const(1)
   def in_body(r):
     if isinstance(r, GROUPS):   # members ranked as one
@@ -837,8 +836,11 @@ def apply_round(last: Round, chosen: Sequence[Region | loop_remat.LoopEviction |
   inside = [r for r in chosen if isinstance(r, body_remat.BodyEviction)]
   for index in sorted({r.node for r in inside}):
     items = [r.item for r in inside if r.node == index]
-    body = _evict_residuals(program.nodes[index].subprograms[0],
-                            [r for r in items if isinstance(r, loop_remat.LoopEviction)])
+    node = program.nodes[index]
+    with (tracing.inside_shard_map(node.params) if node.name == "shard_map"
+          else contextlib.nullcontext()):
+      body = _evict_residuals(node.subprograms[0],
+                              [r for r in items if isinstance(r, loop_remat.LoopEviction)])
     new_body, body_order, _ = apply_regions(
         body, range(len(body.nodes)), [r for r in items if isinstance(r, Region)])
     program = body_remat.rebuild(program, index, new_body, body_order)

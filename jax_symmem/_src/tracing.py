@@ -26,6 +26,7 @@ from jax import api_util
 from jax import export
 import jax.extend.core as jcore
 from jax._src import ad_checkpoint as _ad_checkpoint
+from jax._src import config as _jax_config   # _check_vma: `inside_shard_map`
 # DropVar, DebugInfo and new_jaxpr_eqn are in jax.extend.core from jax 0.10 on, in
 # jax._src.core in every version pyproject.toml allows.
 from jax._src import core as _jax_core
@@ -633,7 +634,10 @@ def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
   """The single node that tracing `fun(*operands)` produces (e.g. one `lax.scan`) and
   the one-node program around it, flattened with value ids from `start`: the
   program's inputs stand for the operands, in order, for the caller to rename."""
-  specs = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operand_avals]
+  # An aval that varies over mesh axes (inside a shard_map body: `inside_shard_map`)
+  # is traced as it is: a shape-dtype struct would drop the axes its ops check.
+  specs = [a.update(weak_type=False) if aval_varying_axes(a)
+           else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operand_avals]
   program = flatten(jax.make_jaxpr(fun)(*specs), start)
   if len(program.nodes) != 1:
     raise TracingError(f"expected one node from {getattr(fun, '__name__', fun)}, got "
@@ -778,6 +782,21 @@ def shard_map_like(params: Mapping[str, Any], fun: Callable, in_specs, out_specs
   return jax.shard_map(fun, mesh=params["mesh"], in_specs=tuple(in_specs),
                        out_specs=list(out_specs), axis_names=_manual_axes(params),
                        check_vma=params["check_vma"])
+
+
+@contextlib.contextmanager
+def inside_shard_map(params: Mapping[str, Any]):
+  """Traces as `jax.shard_map` traces the body of the shard_map with `params`: its
+  manual mesh axes bound (the body's collectives name them) and the varying axes of
+  its values checked (a scan's carry keeps them). For rewriting nodes of that body
+  apart from the shard_map (`loop_remat.rewrite` on a scan pair inside it)."""
+  mesh, manual = params["mesh"], _manual_axes(params)
+  inner = mesh.abstract_mesh.update_axis_types(
+      {n: jax.sharding.AxisType.Manual for n in manual})
+  bound = manual | set(getattr(mesh, "manual_axes", ()))
+  with (_jax_core.extend_axis_env_nd([(k, v) for k, v in mesh.shape.items() if k in bound]),
+        jax.sharding.use_abstract_mesh(inner), _jax_config._check_vma(params["check_vma"])):
+    yield
 
 
 def _concrete_shard_map(params: Mapping[str, Any], env: Mapping[str, int]) -> dict[str, Any]:
