@@ -3,9 +3,9 @@
 Two ways people write them: the whole loss under one shard_map (data parallelism with
 explicit collectives: each device's loss and token count summed with `psum`), and one
 shard_map per layer (a layer with its own per-device code, as ring attention or an
-expert-parallel MoE layer is written); and the first with its layers under `lax.scan`.
+expert-parallel MoE layer is written); and each with its layers under `lax.scan`.
 `python -m tests.shard_map_steps` with XLA_FLAGS=--xla_force_host_platform_device_count=4
-runs the three on 4 host devices under symmem.jit and prints one JSON line each with what
+runs the four on 4 host devices under symmem.jit and prints one JSON line each with what
 the test asserts.
 """
 
@@ -105,6 +105,23 @@ def per_layer_step(mesh: Mesh, checkpoint: bool = False):
   return _step(loss)
 
 
+def scanned_per_layer_step(mesh: Mesh, checkpoint: bool = False):
+  """`per_layer_step` with the layers' weights stacked and each layer's shard_map run by
+  `lax.scan` (a scanned model whose layer has its own per-device code)."""
+  body = jax.checkpoint(layer) if checkpoint else layer
+  per_device = jax.shard_map(body, mesh=mesh, in_specs=(P(), P("data")), out_specs=P("data"))
+  def loss(params, x, mask):
+    stacked = jax.tree_util.tree_map(lambda *w: jnp.stack(w), *params)
+    x = jax.lax.scan(lambda h, p: (per_device(p, h), None), x, stacked)[0]
+    total, count = _masked_mean(x, mask)
+    return total / count
+  return _step(loss)
+
+
+STEPS = {"per_layer": per_layer_step, "scanned": scanned_data_parallel_step,
+         "scanned_per_layer": scanned_per_layer_step}
+
+
 def batch(b: int, s: int, seed: int = 1):
   x = jax.random.normal(jax.random.PRNGKey(seed), (b, s, D)) * 0.5
   mask = jnp.arange(s)[None, :] < (s - jnp.arange(b)[:, None] % 3)   # some padding
@@ -190,10 +207,10 @@ def _budgeted(step, params, state, x, mask, analysis, dims, budget) -> dict:
 
 
 def run_rounds(mesh: Mesh, which: str) -> dict:
-  """For "per_layer" or "scanned" (`scanned_data_parallel_step`): every round at the
-  longest shape against jax.jit, XLA's figure for each and for the step with
-  `jax.checkpoint` on each layer, and a budgeted call between the two."""
-  make_step = per_layer_step if which == "per_layer" else scanned_data_parallel_step
+  """For a step of `STEPS`: every round at the longest shape against jax.jit, XLA's
+  figure for each and for the step with `jax.checkpoint` on each layer, and a budgeted
+  call between the two."""
+  make_step = STEPS[which]
   step, opt = make_step(mesh)
   params = init(3)
   state = opt.init(params)
@@ -224,6 +241,6 @@ def run_rounds(mesh: Mesh, which: str) -> dict:
 if __name__ == "__main__":
   assert jax.device_count() == 4, "run with XLA_FLAGS=--xla_force_host_platform_device_count=4"
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  for which in sys.argv[1:] or ("data_parallel", "per_layer", "scanned"):
+  for which in sys.argv[1:] or ("data_parallel", *STEPS):
     result = run_data_parallel(mesh) if which == "data_parallel" else run_rounds(mesh, which)
     print(json.dumps(result), flush=True)

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import jax_symmem as symmem
+from jax_symmem._src import jax_dims
 from jax_symmem._src import loop_remat
 from jax_symmem._src import variants
 from tests import host_devices
@@ -188,3 +189,38 @@ def test_scanned_layers_under_a_shard_map_on_four_devices_reach_per_layer_checkp
   # Measured (3 layers, b = 16, s = 256): XLA 20.74 MB at round 0, 11.93 at round 1,
   # 6.72 at the last; the scanned layer under jax.checkpoint 6.59.
   _reaches_per_layer_checkpointing_under_a_budget(_four_devices()["scanned"])
+
+
+def test_a_shard_map_inside_a_scan_body_is_modeled_per_device():
+  # Each layer's shard_map under lax.scan (4 devices, planned on an abstract mesh): the
+  # residuals the forward scan stacks from the shard_maps' outputs are one device's
+  # share (the slow test below checks the prediction against XLA's figure).
+  step, opt = steps.scanned_per_layer_step(_abstract_mesh(4))
+  scanned = _analysis(step, opt, 3, 16, 64, steps.SHAPES)
+  graph, program = scanned.graph, scanned.traced.program
+  forward = next(n for n in program.nodes if n.name == "scan")
+  env = graph.constraints.complete({"k": 4, "s": 256})
+  (body,) = forward.subprograms
+  from_shard_map = {o for n in body.nodes if n.name == "shard_map" for o in n.outputs}
+  # The forward scan's outputs are its body's, in order: stacked (3 layers, 4*k, ...)
+  # from what the layer's shard_map made (the carry stacked beside them enters whole).
+  stacked = [o for o, inner in zip(forward.outputs, body.outputs) if inner in from_shard_map
+             and program.avals[o].shape[0] == 3 and "k" in str(program.avals[o].shape)]
+  assert len(stacked) > 3
+  for o in stacked:
+    aval = program.avals[o]
+    whole = aval.dtype.itemsize * int(np.prod([d.evaluate(env) for d in
+                                               jax_dims.shape_to_polys(aval.shape)]))
+    assert 4 * graph.bytes(o).evaluate(env) == whole, aval
+  assert len(scanned.rounds) > 1
+
+
+@pytest.mark.slow
+def test_scanned_per_layer_shard_maps_on_four_devices_reach_per_layer_checkpointing():
+  # Measured (3 layers, b = 16, s = 256): XLA 19.73 MiB at round 0 (predicted 21.58: the
+  # carry modeled whole), 6.19 at round 1 (predicted 8.82), the layer under
+  # jax.checkpoint 6.19.
+  result = _four_devices()["scanned_per_layer"]
+  first = result["rounds"][0]
+  assert 0.9 <= first["prediction"] / first["xla"] <= 1.2, first
+  _reaches_per_layer_checkpointing_under_a_budget(result)

@@ -59,6 +59,34 @@ def test_unknown_ops_are_replicated():
   assert outs == [(1, 2)]
 
 
+def test_control_flow_bodies_propagate_their_operands_splits():
+  # A scan's body sees its scanned slices without their leading dim, its stacked results
+  # take the body's split under a whole leading dim; a carry keeps the split it enters
+  # with where the body keeps it (here it does, so it stays split); a cond's results are
+  # split only where every branch splits them; a while's carry as a scan's.
+  def f(x, xs):
+    def body(c, slab):
+      y = jnp.tanh(c * slab)
+      return y, y * 2
+    carry, ys = jax.lax.scan(body, x, xs)
+    picked = jax.lax.cond(carry[0, 0] > 0, lambda a: a + 1,
+                          lambda a: jnp.broadcast_to(a.sum(0), a.shape), carry)
+    looped = jax.lax.while_loop(lambda c: c[0, 0] < 3, lambda c: c + 1, x)
+    return carry, ys, picked, looped
+  x, xs = jnp.ones((8, 4)), jnp.ones((3, 8, 4))
+  traced, graph, per_device, outs = _propagated(
+      f, (x, xs), ("b, 4", "3, b, 4"), [(4, 1), (1, 4, 1)])
+  assert outs == [(4, 1), (1, 4, 1), (1, 1), (4, 1)]
+  ys = traced.program.outputs[1]
+  assert per_device.bytes(ys).evaluate({"b": 8}) == graph.bytes(ys).evaluate({"b": 8}) // 4
+  # A carry the body replicates (a sum over the split dim broadcast back) is replicated.
+  def g(x):
+    return jax.lax.scan(lambda c, _: (jnp.broadcast_to(c.sum(0), c.shape), None), x,
+                        length=2)[0]
+  _, _, _, (out,) = _propagated(g, (x,), ("b, 4",), [(4, 1)])
+  assert out == (1, 1)
+
+
 def test_recomputed_values_keep_their_split_in_later_rounds():
   # A clone of a value split 8 ways is split 8 ways too: rounds >= 1 of a
   # data-parallel step are modeled per device, like round 0.
@@ -86,6 +114,36 @@ def test_recomputed_values_keep_their_split_in_later_rounds():
   assert checked
   peaks = [a.round_peak(k, dims) for k in range(len(a.rounds))]
   assert min(peaks[1:]) <= peaks[0]
+
+
+def test_a_scanned_steps_rewritten_scans_are_split_as_their_originals():
+  # Data parallel over 8 devices with the layers under nn.scan: the residuals the forward
+  # scan stacks are per device, and so are those of the scans a round rewrites (new
+  # values, split by propagating the rewritten program: `ShapeGraph.extended`).
+  from jax_symmem._src import analysis as analysis_lib
+  from jax_symmem._src import jax_dims
+  import dataclasses
+  from jax_symmem.examples import llama
+  cfg = dataclasses.replace(llama.PRESETS["tiny"], n_layers=2)
+  state = jax.eval_shape(lambda: llama.init_state(cfg, scan_layers=True))
+  tokens, mask = jax.eval_shape(lambda: llama.example_batch(cfg, 16, 48))
+  traced = symmem.trace(llama.train_step_fn(llama.Llama(cfg, scan_layers=True)), state,
+                        tokens, mask, polymorphic_shapes=(None, "b, s", "b, s"),
+                        constraints=("s >= 2", "s <= 64", "b <= 16"))
+  divisors = [[1] * x.ndim for x in jax.tree_util.tree_leaves(state)] + [[8, 1], [8, 1]]
+  a = analysis_lib.analyze_traced(traced, argument_divisors=divisors)
+  env = a.graph.constraints.complete({"b": 16, "s": 48})
+  def whole(program, v):
+    aval = program.avals[v]
+    return aval.dtype.itemsize * int(np.prod([d.evaluate(env) for d in
+                                              jax_dims.shape_to_polys(aval.shape)]))
+  assert len(a.rounds) > 1
+  for r in a.rounds:
+    forward = next(n for n in r.program.nodes if n.name == "scan")
+    batched = [o for o in forward.outputs if "b" in str(r.program.avals[o].shape)]
+    assert len(batched) >= 2   # (the last round stacks the layers' inputs alone)
+    for o in batched:
+      assert 8 * r.graph.bytes(o).evaluate(env) == whole(r.program, o), o
 
 
 def test_without_shardings_nothing_changes():

@@ -428,7 +428,7 @@ def _graph(traced: TracedProgram, argument_divisors) -> ShapeGraph:
   progress.update("shape graph", values=len(traced.program.avals))
   graph = ShapeGraph(traced)
   split = argument_divisors is not None and any(d > 1 for ds in argument_divisors for d in ds)
-  if split or sharding_lib.has_shard_map(traced.program):
+  if split or sharding_lib.runs_shard_map(traced.program):
     graph = graph.per_device(sharding_lib.propagate(traced.program, argument_divisors,
                                                     lambda v: graph.values[v].dims))
   return graph

@@ -20,6 +20,7 @@ import numpy as np
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import sharding
 from jax_symmem._src.poly import Poly, product
 from jax_symmem._src.ir import Const, Node, Program
 from jax_symmem._src.tracing import TracedProgram
@@ -139,6 +140,26 @@ for _name in ("add", "sub", "mul", "div", "max", "min", "select_n", "add_any", "
   RELATION_RULES[_name] = _elementwise
 
 
+def _split(values: Mapping[int, "ValueInfo"], divisors: Mapping[int, Sequence[int]]
+           ) -> dict[int, "ValueInfo"]:
+  """`values` with each dim of size n that `divisors` splits d ways holding ceil(n / d)."""
+  def split(n: Poly, d: int) -> Poly:
+    if d == 1:
+      return n
+    coeffs = n.as_dict()
+    if all(c % d == 0 for c in coeffs.values()):
+      return Poly.from_dict({m: c // d for m, c in coeffs.items()})
+    return (n + (d - 1)).floordiv(d)
+  out = dict(values)
+  for vid, ds in divisors.items():
+    info = out.get(vid)
+    if info is None or all(d == 1 for d in ds):
+      continue
+    dims = tuple(split(n, d) for n, d in zip(info.dims, ds))
+    out[vid] = dataclasses.replace(info, dims=dims, bytes=Poly.const(info.itemsize) * product(dims))
+  return out
+
+
 # --- the graph -------------------------------------------------------------------------
 
 
@@ -162,6 +183,9 @@ class ShapeGraph:
     self._bytes_at: dict[tuple, dict[int, int]] = {}
     # kind -> node -> a figure derived from its values (`node_cache`).
     self._node_caches: dict[str, dict] = {}
+    # A per-device graph (`per_device`): its arguments' splits and every value's dims
+    # before the split, for `extended` to split the values a rewrite adds.
+    self._per_device: tuple[tuple, Mapping[int, ValueInfo]] | None = None
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
     self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
@@ -224,6 +248,13 @@ class ShapeGraph:
     values = dict(self.values)
     fresh: dict[int, ValueInfo] = {}
     new._collect(program, fresh, None, known=self.values)
+    if self._per_device is not None and fresh:
+      # Split as the program propagates them: a rewritten scan's new stacked results and
+      # body values (a copy keeps its original's split below).
+      arguments, whole = self._per_device
+      whole = {**whole, **fresh}
+      fresh = _split(fresh, sharding.propagate(program, arguments, lambda v: whole[v].dims))
+      new._per_device = (arguments, whole)
     for vid, info in fresh.items():
       original = values.get((copies or {}).get(vid))
       values[vid] = info if original is None else dataclasses.replace(
@@ -268,27 +299,16 @@ class ShapeGraph:
 
   def per_device(self, divisors: Mapping[int, Sequence[int]]) -> "ShapeGraph":
     """This graph with each value's bytes per device: a dim of size n split d ways
-    (`divisors[value_id][dim]`, from `sharding.propagate`) holds ceil(n / d)."""
-    def split(n: Poly, d: int) -> Poly:
-      if d == 1:
-        return n
-      coeffs = n.as_dict()
-      if all(c % d == 0 for c in coeffs.values()):
-        return Poly.from_dict({m: c // d for m, c in coeffs.items()})
-      return (n + (d - 1)).floordiv(d)
+    (`divisors[value_id][dim]`, from `sharding.propagate`) holds ceil(n / d). The graphs
+    it `extended`s split the values a rewrite adds as the program propagates them."""
     new = object.__new__(ShapeGraph)
     new.__dict__.update({k: v for k, v in self.__dict__.items() if k != "_distinct_sizes"})
     new._bytes_at = {}   # values' bytes change here
     new._node_caches = {}
-    values = dict(self.values)
-    for vid, ds in divisors.items():
-      info = values.get(vid)
-      if info is None or all(d == 1 for d in ds):
-        continue
-      dims = tuple(split(n, d) for n, d in zip(info.dims, ds))
-      values[vid] = dataclasses.replace(
-          info, dims=dims, bytes=Poly.const(info.itemsize) * product(dims))
-    new.values = values
+    new.values = _split(self.values, divisors)
+    inputs = self.traced.program.inputs
+    new._per_device = (tuple(divisors.get(v, (1,) * len(self.values[v].dims)) for v in inputs),
+                       self.values)
     return new
 
   # -- queries --

@@ -15,8 +15,12 @@ primitive in `SHARDING_RULES`, as GSPMD's forward propagation would:
   slices on other dims, ...) keeps that operand's split;
 * a `shard_map`'s outputs are split as its `out_specs` say (its body is per device
   already: each value there is one device's shard);
-* everything else (and control flow) is assumed replicated: an over-estimate,
-  never an under-estimate of a value the model cannot place.
+* a scan's, while's or cond's body is propagated from the node's operands (a scan's
+  scanned slices without their leading dim); a carry keeps the split it enters with
+  where the body keeps it (`BODY_RULES`), a scan's stacked results their body value's
+  split under a whole leading dim, a cond's results the least split over its branches;
+* everything else is assumed replicated: an over-estimate, never an under-estimate of
+  a value the model cannot place.
 
 `with_sharding_constraint` sets the split it names. A dim of size n split d ways
 takes ceil(n / d) per device.
@@ -69,9 +73,15 @@ SHARDING_RULES: dict[str, Rule] = {}
 
 
 def has_shard_map(program: Program) -> bool:
-  """Whether `program` runs a `shard_map` at top level: its figures are per device then,
-  whatever the arguments' shardings."""
+  """Whether `program` runs a `shard_map` at top level."""
   return any(n.name == "shard_map" for n in program.nodes)
+
+
+def runs_shard_map(program: Program) -> bool:
+  """Whether `program` runs a `shard_map` anywhere (in a scan's body too): its figures
+  are per device then, whatever the arguments' shardings."""
+  return any(n.name == "shard_map" or any(runs_shard_map(b) for b in n.subprograms)
+             for n in program.nodes)
 
 
 def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of
@@ -87,18 +97,35 @@ def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of
       for x, spec in zip(node.inputs, node.params["in_specs"]):
         if x in position:
           inputs[position[x]] = mesh_divisors(node.params["mesh"], spec, len(dims_of(x)))
-  divisors: dict[int, Divisors] = dict(zip(program.inputs, inputs))
+  divisors: dict[int, Divisors] = {}
+  _run(program, inputs, divisors, dims_of)
+  return divisors
+
+
+def _run(program: Program, inputs: Sequence[Divisors], divisors: dict[int, Divisors],
+         dims_of) -> list[Divisors]:
+  """Propagates through `program` whose inputs are split as `inputs`, into `divisors`;
+  returns its outputs' splits."""
+  divisors.update(zip(program.inputs, inputs))
   for node in program.nodes:
-    in_dims = [jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const) else dims_of(x)
-               for x in node.inputs]
+    in_dims = [_dims(x, dims_of) for x in node.inputs]
     in_div = [divisors.get(x) if not isinstance(x, Const) else None for x in node.inputs]
     in_div = [d if d is not None else (1,) * len(n) for d, n in zip(in_div, in_dims)]
     out_dims = [dims_of(o) for o in node.outputs]
-    rule = SHARDING_RULES.get(node.name, None if node.subprograms else _same_dims)
-    outs = rule(node, in_div, in_dims, out_dims) if rule is not None else []
+    if node.name in BODY_RULES:
+      outs = BODY_RULES[node.name](node, in_div, lambda body, ins: _run(body, ins, divisors,
+                                                                        dims_of))
+    else:
+      rule = SHARDING_RULES.get(node.name, None if node.subprograms else _same_dims)
+      outs = rule(node, in_div, in_dims, out_dims) if rule is not None else []
     for o, dims, d in zip(node.outputs, out_dims, outs or [None] * len(node.outputs)):
       divisors[o] = d if d is not None else (1,) * len(dims)
-  return divisors
+  return [(None if isinstance(x, Const) else divisors.get(x)) or (1,) * len(_dims(x, dims_of))
+          for x in program.outputs]
+
+
+def _dims(x, dims_of) -> tuple[Poly, ...]:
+  return jax_dims.shape_to_polys(x.aval.shape) if isinstance(x, Const) else dims_of(x)
 
 
 def _same_dims(node, in_div, in_dims, out_dims) -> list[Divisors]:
@@ -235,6 +262,63 @@ def _shard_map(node, in_div, in_dims, out_dims):
   mesh = node.params["mesh"]
   return [mesh_divisors(mesh, spec, len(dims))
           for spec, dims in zip(node.params["out_specs"], out_dims)]
+
+
+# --- control flow: rules that propagate through a node's bodies --------------------------
+
+Run = Callable[[Program, Sequence[Divisors]], list[Divisors]]   # a body's outputs' splits
+
+
+def _least(a: Sequence[Divisors], b: Sequence[Divisors]) -> list[Divisors]:
+  return [tuple(map(min, x, y)) for x, y in zip(a, b)]
+
+
+def _loop_carry(carry: list[Divisors], run_body: Callable[[list[Divisors]], list[Divisors]]
+                ) -> tuple[list[Divisors], list[Divisors]]:
+  """(the carry's split, the body's outputs): the split the carry enters with, less where
+  the body's results drop it, the body propagated again from that (a second pass settles
+  what a first dropped; the carry then takes the least of all, an over-estimate)."""
+  outs = run_body(carry)
+  for _ in range(2):
+    fewer = _least(carry, outs)
+    if fewer == carry:
+      break
+    carry = fewer
+    outs = run_body(carry)
+  return _least(carry, outs), outs
+
+
+def _scan_body(node, in_div, run: Run) -> list[Divisors]:
+  from jax_symmem._src import tracing   # (tracing imports this module)
+  (body,) = node.subprograms
+  n_consts, n_carry = tracing.scan_counts(node.params)
+  consts, xs = in_div[:n_consts], [d[1:] for d in in_div[n_consts + n_carry:]]
+  carry, outs = _loop_carry(list(in_div[n_consts:n_consts + n_carry]),
+                            lambda c: run(body, [*consts, *c, *xs]))
+  return [*carry, *((1, *d) for d in outs[n_carry:])]
+
+
+def _while_body(node, in_div, run: Run) -> list[Divisors]:
+  cond, body = node.subprograms
+  n_cond, n_body = node.params["cond_nconsts"], node.params["body_nconsts"]
+  body_consts = in_div[n_cond:n_cond + n_body]
+  carry, _ = _loop_carry(list(in_div[n_cond + n_body:]),
+                         lambda c: run(body, [*body_consts, *c]))
+  run(cond, [*in_div[:n_cond], *carry])
+  return carry
+
+
+def _cond_branches(node, in_div, run: Run) -> list[Divisors]:
+  outs = [run(branch, in_div[1:]) for branch in node.subprograms]   # (operand 0: the index)
+  least = outs[0]
+  for other in outs[1:]:
+    least = _least(least, other)
+  return least
+
+
+BODY_RULES: dict[str, Callable[[Node, Sequence[Divisors], Run], list[Divisors]]] = {
+    "scan": _scan_body, "while": _while_body, "cond": _cond_branches,
+}
 
 
 SHARDING_RULES.update({

@@ -301,7 +301,7 @@ def _without_shard_maps(program: Program, order: Sequence[int]
   ops like any other, which fuse with their readers outside it. Per device the body's
   values are its own sizes, and the shard_map's operands and results (split by its
   specs, `sharding.py`) the same bytes."""
-  if not sharding.has_shard_map(program):
+  if not sharding.runs_shard_map(program):
     return program, order, {}
   rename: dict[int, Operand] = {}
   avals = dict(program.avals)
@@ -315,6 +315,9 @@ def _without_shard_maps(program: Program, order: Sequence[int]
     node = program.nodes[i]
     if node.name != "shard_map":
       moved[i] = len(nodes)
+      if any(sharding.runs_shard_map(b) for b in node.subprograms):   # a scan of them
+        node = dataclasses.replace(node, subprograms=tuple(
+            _without_shard_maps(b, range(len(b.nodes)))[0] for b in node.subprograms))
       add(node)
       continue
     (body,) = node.subprograms
