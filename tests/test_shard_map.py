@@ -200,13 +200,13 @@ def test_a_shard_map_inside_a_scan_body_is_modeled_per_device():
   graph, program = scanned.graph, scanned.traced.program
   forward = next(n for n in program.nodes if n.name == "scan")
   env = graph.constraints.complete({"k": 4, "s": 256})
-  (body,) = forward.subprograms
-  from_shard_map = {o for n in body.nodes if n.name == "shard_map" for o in n.outputs}
-  # The forward scan's outputs are its body's, in order: stacked (3 layers, 4*k, ...)
-  # from what the layer's shard_map made (the carry stacked beside them enters whole).
-  stacked = [o for o, inner in zip(forward.outputs, body.outputs) if inner in from_shard_map
-             and program.avals[o].shape[0] == 3 and "k" in str(program.avals[o].shape)]
+  # Stacked (3 layers, 4*k, ...): what the layer's shard_map made and the carry it read,
+  # which enters split as that shard_map reads it (XLA shards the batch argument so).
+  stacked = [o for o in forward.outputs if program.avals[o].shape[0] == 3
+             and "k" in str(program.avals[o].shape)]
   assert len(stacked) > 3
+  x_arg = program.inputs[-2]
+  assert graph.bytes(x_arg).evaluate(env) == 4 * 256 * steps.D * 4
   for o in stacked:
     aval = program.avals[o]
     whole = aval.dtype.itemsize * int(np.prod([d.evaluate(env) for d in
@@ -217,10 +217,11 @@ def test_a_shard_map_inside_a_scan_body_is_modeled_per_device():
 
 @pytest.mark.slow
 def test_scanned_per_layer_shard_maps_on_four_devices_reach_per_layer_checkpointing():
-  # Measured (3 layers, b = 16, s = 256): XLA 19.73 MiB at round 0 (predicted 21.58: the
-  # carry modeled whole), 6.19 at round 1 (predicted 8.82), the layer under
-  # jax.checkpoint 6.19.
+  # Measured (3 layers, b = 16, s = 256): XLA 20.74 MB at round 0 (predicted 20.09),
+  # 6.72 at round 1 (predicted 6.72), the layer under jax.checkpoint 6.59. Round 2, which
+  # evicts two of AdamW's 16 KB values (the modeled peak unchanged where planned), reads
+  # 7.73 MB by XLA against 6.72 predicted; the budgeted call runs round 1.
   result = _four_devices()["scanned_per_layer"]
-  first = result["rounds"][0]
-  assert 0.9 <= first["prediction"] / first["xla"] <= 1.2, first
+  for row in result["rounds"][:2]:
+    assert 0.9 <= row["prediction"] / row["xla"] <= 1.1, row
   _reaches_per_layer_checkpointing_under_a_budget(result)

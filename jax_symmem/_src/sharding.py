@@ -89,17 +89,34 @@ def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of
   """Divisors of every value of `program`; `dims_of(value_id)` gives its dims (Polys).
 
   `inputs` None: the arguments have no sharding of their own, and XLA shards each as
-  the first `shard_map` that reads it needs (a batch split over "data"); the rest whole."""
+  the first `shard_map` that reads it needs (a batch split over "data"; also one in a
+  loop's body, through the loop's operand); the rest whole."""
   if inputs is None:
-    inputs = [(1,) * len(dims_of(v)) for v in program.inputs]
-    position = {v: k for k, v in enumerate(program.inputs)}
-    for node in reversed([n for n in program.nodes if n.name == "shard_map"]):
-      for x, spec in zip(node.inputs, node.params["in_specs"]):
-        if x in position:
-          inputs[position[x]] = mesh_divisors(node.params["mesh"], spec, len(dims_of(x)))
+    read = _shard_map_splits(program, dims_of)
+    inputs = [read.get(v, (1,) * len(dims_of(v))) for v in program.inputs]
   divisors: dict[int, Divisors] = {}
   _run(program, inputs, divisors, dims_of)
   return divisors
+
+
+def _shard_map_splits(program: Program, dims_of) -> dict[int, Divisors]:
+  """Each value of `program` a shard_map reads -> the split its in_spec gives it, the
+  first such reader's; a shard_map in a scan's, while's or cond's body reads the node's
+  operand that feeds it (a scanned slice: under a whole leading dim)."""
+  out: dict[int, Divisors] = {}
+  for node in reversed(program.nodes):
+    if node.name == "shard_map":
+      out.update((x, mesh_divisors(node.params["mesh"], spec, len(dims_of(x))))
+                 for x, spec in zip(node.inputs, node.params["in_specs"])
+                 if not isinstance(x, Const))
+    elif node.name in BODY_OPERANDS:
+      for body, feeds in BODY_OPERANDS[node.name](node):
+        inner = _shard_map_splits(body, dims_of)
+        for k, j, sliced in feeds:
+          x, v = node.inputs[k], body.inputs[j]
+          if v in inner and not isinstance(x, Const):
+            out[x] = (1, *inner[v]) if sliced else inner[v]
+  return out
 
 
 def _run(program: Program, inputs: Sequence[Divisors], divisors: dict[int, Divisors],
@@ -319,6 +336,34 @@ def _cond_branches(node, in_div, run: Run) -> list[Divisors]:
 BODY_RULES: dict[str, Callable[[Node, Sequence[Divisors], Run], list[Divisors]]] = {
     "scan": _scan_body, "while": _while_body, "cond": _cond_branches,
 }
+
+
+Feeds = list[tuple[int, int, bool]]   # (operand, body input it becomes, sliced by a scan)
+
+
+def _scan_feeds(node) -> list[tuple[Program, Feeds]]:
+  from jax_symmem._src import tracing   # (tracing imports this module)
+  (body,) = node.subprograms
+  scanned = sum(tracing.scan_counts(node.params))
+  return [(body, [(k, k, k >= scanned) for k in range(len(node.inputs))])]
+
+
+def _while_feeds(node) -> list[tuple[Program, Feeds]]:
+  cond, body = node.subprograms
+  n_cond, n_body = node.params["cond_nconsts"], node.params["body_nconsts"]
+  carry = range(n_cond + n_body, len(node.inputs))
+  return [(cond, [(k, k, False) for k in range(n_cond)]
+           + [(k, n_cond + i, False) for i, k in enumerate(carry)]),
+          (body, [(k, k - n_cond, False) for k in range(n_cond, n_cond + n_body)]
+           + [(k, n_body + i, False) for i, k in enumerate(carry)])]
+
+
+def _cond_feeds(node) -> list[tuple[Program, Feeds]]:
+  return [(b, [(k, k - 1, False) for k in range(1, len(node.inputs))]) for b in node.subprograms]
+
+
+# How a node's operands become its bodies' inputs.
+BODY_OPERANDS = {"scan": _scan_feeds, "while": _while_feeds, "cond": _cond_feeds}
 
 
 SHARDING_RULES.update({
