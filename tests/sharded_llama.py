@@ -1,6 +1,7 @@
 """Sharded Llama steps under symmem.jit on 8 host devices; run by tests/test_sharding.py.
 
-Runs in its own process because the device count is fixed when JAX starts:
+Data parallel and 2-way data x 4-way tensor parallel, each with the layers unrolled and
+under `nn.scan`. Runs in its own process because the device count is fixed when JAX starts:
 `python -m tests.sharded_llama` with
 XLA_FLAGS=--xla_force_host_platform_device_count=8. Prints one JSON line per
 layout with what the test asserts.
@@ -20,31 +21,37 @@ from jax_symmem.examples import llama
 
 
 def _tensor_parallel_spec(path, leaf) -> P:
-  """Megatron-style: q/k/v/gate/up split on their output dim, o/down on their input dim."""
+  """Megatron-style: q/k/v/gate/up split on their output dim, o/down on their input dim
+  (`nn.scan`'s stacked kernels: the same under their whole leading layer dim)."""
   names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
-  if "kernel" not in names or leaf.ndim < 2:
+  stacked = int("layers" in names)
+  if "kernel" not in names or leaf.ndim - stacked < 2:
     return P()
   if any(n in ("q", "k", "v") for n in names):
-    return P(None, "model", None)
-  if "o" in names:
-    return P("model", None, None)
-  if any(n in ("gate", "up") for n in names):
-    return P(None, "model")
-  if "down" in names:
-    return P("model", None)
-  return P()
+    spec = (None, "model", None)
+  elif "o" in names:
+    spec = ("model", None, None)
+  elif any(n in ("gate", "up") for n in names):
+    spec = (None, "model")
+  elif "down" in names:
+    spec = ("model", None)
+  else:
+    return P()
+  return P(*(None,) * stacked, *spec)
 
 
 def run(layout: str) -> dict:
+  """`layout`: "data" or "tensor", with "_scan" for the layers under `nn.scan`."""
   cfg = llama.PRESETS["tiny"]
   devices = np.array(jax.devices())
+  layout, scan = layout.removesuffix("_scan"), layout.endswith("_scan")
   if layout == "data":
     mesh = Mesh(devices.reshape(8), ("data",))
     batch_spec = P("data", None)
   else:   # 2-way data x 4-way tensor parallel
     mesh = Mesh(devices.reshape(2, 4), ("data", "model"))
     batch_spec = P("data", None)
-  state = llama.init_state(cfg)
+  state = llama.init_state(cfg, scan_layers=scan)
   if layout == "data":
     state_sharding = jax.tree_util.tree_map(lambda _: NamedSharding(mesh, P()), state)
   else:
@@ -53,7 +60,7 @@ def run(layout: str) -> dict:
   batch_sharding = NamedSharding(mesh, batch_spec)
   shardings = dict(in_shardings=(state_sharding, batch_sharding, batch_sharding),
                    out_shardings=(state_sharding, NamedSharding(mesh, P())))
-  step = llama.train_step_fn(llama.Llama(cfg), learning_rate=1e-3)
+  step = llama.train_step_fn(llama.Llama(cfg, scan_layers=scan), learning_rate=1e-3)
   ref = jax.jit(step, **shardings)
   sym = symmem.jit(step, polymorphic_shapes=(None, "b, s", "b, s"),
                    constraints=("s >= 2", "s <= 64", "b <= 16"), **shardings)
@@ -61,7 +68,7 @@ def run(layout: str) -> dict:
                              polymorphic_shapes=(None, "b, s", "b, s"),
                              constraints=("s >= 2", "s <= 64", "b <= 16"))
   state = jax.device_put(state, state_sharding)
-  out = {"layout": layout, "shapes": [], "max_rel_err": 0.0}
+  out = {"layout": layout + "_scan" * scan, "shapes": [], "max_rel_err": 0.0}
   s_ref = s_sym = state
   for b, s in ((8, 16), (16, 48)):
     tokens, mask = llama.example_batch(cfg, b, s, seed=b + s)
@@ -95,5 +102,5 @@ def run(layout: str) -> dict:
 
 if __name__ == "__main__":
   assert jax.device_count() == 8, "run with XLA_FLAGS=--xla_force_host_platform_device_count=8"
-  for layout in sys.argv[1:] or ("data", "tensor"):
+  for layout in sys.argv[1:] or ("data", "tensor", "data_scan", "tensor_scan"):
     print(json.dumps(run(layout)), flush=True)
