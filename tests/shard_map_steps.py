@@ -85,6 +85,17 @@ def scanned_data_parallel_step(mesh: Mesh, checkpoint: bool = False):
   return _data_parallel(mesh, run_layers)
 
 
+def layerdrop_data_parallel_step(mesh: Mesh, rate: float = 0.3, seed: int = 0):
+  """`data_parallel_step` with LayerDrop: each layer runs or is skipped by `lax.cond` on a
+  draw from the step's key (the same draw on every device)."""
+  def run_layers(params, x):
+    keep = jax.random.bernoulli(jax.random.PRNGKey(seed), 1 - rate, (len(params),))
+    for p, kept in zip(params, keep):
+      x = jax.lax.cond(kept, layer, lambda p, x: x, p, x)
+    return x
+  return _data_parallel(mesh, run_layers)
+
+
 def one_shard_loss(params, x, mask):
   """`data_parallel_step`'s loss for one device's shard, without shard_map."""
   for p in params:

@@ -145,6 +145,28 @@ def test_scan_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_j
     assert steps._close(fn(*leaves), ref), k
 
 
+@pytest.mark.parametrize("rate", [0.0, 0.5])   # every layer run; (seed 0) two of three skipped
+def test_cond_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_jax_jit(rate):
+  # LayerDrop (a lax.cond per layer) inside the merged shard_map: AD passes each cond's
+  # index from the forward body to the backward one reshaped to (1,) and back, read as
+  # the same index; the rewritten branches keep their outputs' varying axes.
+  mesh = Mesh(np.array(jax.devices()[:1]), ("data",))
+  step, opt = steps.layerdrop_data_parallel_step(mesh, rate=rate)
+  analysis = _analysis(step, opt, 3, 2, 32, ("k, s, _", "k, s"), ("k <= 4", "s <= 64"))
+  (body,) = next(n for n in analysis.traced.program.nodes if n.name == "shard_map").subprograms
+  assert len(loop_remat.cond_pairs(body)) == 3
+  assert len(analysis.rounds) > 2
+  assert "cond residual" in analysis.plan and "inside the shard_map's body" in analysis.plan
+  params = steps.init(3)
+  state = opt.init(params)
+  x, mask = steps.batch(2, 32, seed=3)
+  leaves = jax.tree_util.tree_leaves((params, state, x, mask))
+  ref = jax.jit(step)(params, state, x, mask)
+  for k in range(len(analysis.rounds)):
+    fn = jax.jit(variants.round_function(analysis, k, {"k": 2, "s": 32}))
+    assert steps._close(fn(*leaves), ref), k
+
+
 @functools.lru_cache(maxsize=None)
 def _four_devices() -> dict:
   return {r["step"]: r for r in host_devices.run_json("tests.shard_map_steps", 4)}

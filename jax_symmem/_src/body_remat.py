@@ -69,9 +69,10 @@ class BodyEviction:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     info = graph.values[self.value]
     where = source_label(self.source, info.primitive)
-    if isinstance(self.item, loop_remat.LoopEviction):   # a residual of a scan pair inside
-      what = f"scan residual {info.shape_str()}"
-      how = "regenerated in the backward scan; recompute"
+    if isinstance(self.item, loop_remat.LoopEviction):   # a residual of a pair inside
+      kind = loop_remat.kind(info.primitive)
+      what = f"{kind} residual {info.shape_str()}"
+      how = f"regenerated in the backward {kind}; recompute"
     else:
       what, how = info.shape_str(), f"recompute {len(self.item.nodes)} op(s) ="
     # (The node's index is the same in every round, the traced program's included.)

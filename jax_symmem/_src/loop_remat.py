@@ -127,9 +127,9 @@ class LoopEviction:
     at = at_dims(graph, self.saved, self.cost, dims)
     info = graph.values[self.value]
     where = source_label(self.source, info.primitive)
-    kind = _kind(info.primitive)   # the node that outputs it
-    return (f"evict {kind} residual {info.shape_str()} from {where}: regenerated in the "
-            f"backward {kind}; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
+    pair = kind(info.primitive)   # the node that outputs it
+    return (f"evict {pair} residual {info.shape_str()} from {where}: regenerated in the "
+            f"backward {pair}; saves {self.saved} B, recompute {self.cost} FLOPs" + at)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,9 +151,9 @@ class ResidualGroup:
   def describe(self, graph: ShapeGraph, **dims: int) -> str:
     at = at_dims(graph, self.saved, self.cost, dims)
     lead = self.regions[0]
-    kind = _kind(graph.values[lead.value].primitive)
-    return (f"evict {kind} residual {graph.values[lead.value].shape_str()} from "
-            f"{source_label(lead.source, kind)} with the {len(self.regions) - 1} residuals its "
+    pair = kind(graph.values[lead.value].primitive)
+    return (f"evict {pair} residual {graph.values[lead.value].shape_str()} from "
+            f"{source_label(lead.source, pair)} with the {len(self.regions) - 1} residuals its "
             f"regeneration recomputes anyway: saves {self.saved} B, recompute {self.cost} "
             "FLOPs" + at)
 
@@ -163,7 +163,7 @@ class ResidualGroup:
 ONE_TRIP = ("cond", "shard_map")
 
 
-def _kind(primitive: str) -> str:
+def kind(primitive: str) -> str:
   """What a pair is called in plans: the primitive of its nodes."""
   return primitive if primitive in ONE_TRIP else "scan"
 
@@ -217,16 +217,35 @@ def _find_pairs(program: Program, name: str, residuals: Callable[[Node], range],
   return found
 
 
+# Ops that move one element without changing it: an index AD passes from a forward
+# shard_map body to the backward one as a residual of shape (1,), squeezed there.
+_ONE_ELEMENT_MOVES = frozenset({"broadcast_in_dim", "reshape", "squeeze", "expand_dims", "pvary"})
+
+
+def _index_source(program: Program, made: Mapping[int, Node], v):
+  """The value `v` is, read back through `_ONE_ELEMENT_MOVES` of a single element."""
+  while (not isinstance(v, Const) and v in made and made[v].name in _ONE_ELEMENT_MOVES
+         and all(d == 1 for d in program.avals[v].shape)
+         and not isinstance(made[v].inputs[0], Const)
+         and all(d == 1 for d in program.avals[made[v].inputs[0]].shape)):
+    v = made[v].inputs[0]
+  return v
+
+
 def cond_pairs(program: Program) -> dict[int, LoopState]:
   """Forward conds whose outputs a later cond on the same index reads (and nothing
   else): that cond's branch k runs exactly when the forward's branch k ran, so it
-  can replay it. Keyed by the forward cond's node index."""
+  can replay it. Keyed by the forward cond's node index. (The same index: the same
+  value, or that value reshaped, as a merged shard_map's body passes it on.)"""
+  made = {o: n for n in program.nodes for o in n.outputs}
   def residuals(f):
     return range(0 if any(b.consts for b in f.params["branches"]) else len(f.outputs))
   def links(f, b, j, positions):
     return (b.name == "cond" and len(b.params["branches"]) == len(f.params["branches"])
             and not any(br.consts for br in b.params["branches"])
-            and b.inputs[0] == f.inputs[0] and not isinstance(f.inputs[0], Const)
+            and not isinstance(f.inputs[0], Const)
+            and _index_source(program, made, b.inputs[0]) == _index_source(
+                program, made, f.inputs[0])
             and all(k > 0 for k in positions))
   return _find_pairs(program, "cond", residuals, links)
 

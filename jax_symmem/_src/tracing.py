@@ -625,7 +625,11 @@ def splice_jaxpr(fun: Callable, avals: Sequence[Any]) -> jcore.ClosedJaxpr:
 
 
 def _operand_aval(aval):
-  """The aval tracing gives an operand of `aval`'s shape and dtype (not weakly typed)."""
+  """The aval tracing gives an operand of `aval`'s shape and dtype (not weakly typed),
+  and the mesh axes it varies over inside a shard_map body (the body's ops check them:
+  a cond's branches must agree)."""
+  if aval_varying_axes(aval):
+    return aval.update(weak_type=False)
   return api_util.shaped_abstractify(jax.ShapeDtypeStruct(aval.shape, aval.dtype))
 
 
