@@ -3,9 +3,9 @@
 Two ways people write them: the whole loss under one shard_map (data parallelism with
 explicit collectives: each device's loss and token count summed with `psum`), and one
 shard_map per layer (a layer with its own per-device code, as ring attention or an
-expert-parallel MoE layer is written); and each with its layers under `lax.scan`.
-`python -m tests.shard_map_steps` with XLA_FLAGS=--xla_force_host_platform_device_count=4
-runs the four on 4 host devices under symmem.jit and prints one JSON line each with what
+expert-parallel MoE layer is written); each with its layers under `lax.scan`; and the
+first with LayerDrop (a `lax.cond` per layer). `python -m tests.shard_map_steps` with
+XLA_FLAGS=--xla_force_host_platform_device_count=4 runs the five on 4 host devices under symmem.jit and prints one JSON line each with what
 the test asserts.
 """
 
@@ -85,13 +85,16 @@ def scanned_data_parallel_step(mesh: Mesh, checkpoint: bool = False):
   return _data_parallel(mesh, run_layers)
 
 
-def layerdrop_data_parallel_step(mesh: Mesh, rate: float = 0.3, seed: int = 0):
-  """`data_parallel_step` with LayerDrop: each layer runs or is skipped by `lax.cond` on a
-  draw from the step's key (the same draw on every device)."""
+def layerdrop_data_parallel_step(mesh: Mesh, checkpoint: bool = False, rate: float = 0.3,
+                                 seed: int = 0):
+  """`data_parallel_step` with LayerDrop: each layer (under `jax.checkpoint` if
+  `checkpoint`) runs or is skipped by `lax.cond` on a draw from the step's key (the same
+  draw on every device)."""
+  body = jax.checkpoint(layer) if checkpoint else layer
   def run_layers(params, x):
     keep = jax.random.bernoulli(jax.random.PRNGKey(seed), 1 - rate, (len(params),))
     for p, kept in zip(params, keep):
-      x = jax.lax.cond(kept, layer, lambda p, x: x, p, x)
+      x = jax.lax.cond(kept, body, lambda p, x: x, p, x)
     return x
   return _data_parallel(mesh, run_layers)
 
@@ -130,7 +133,7 @@ def scanned_per_layer_step(mesh: Mesh, checkpoint: bool = False):
 
 
 STEPS = {"per_layer": per_layer_step, "scanned": scanned_data_parallel_step,
-         "scanned_per_layer": scanned_per_layer_step}
+         "scanned_per_layer": scanned_per_layer_step, "layerdrop": layerdrop_data_parallel_step}
 
 
 def batch(b: int, s: int, seed: int = 1):

@@ -247,3 +247,10 @@ def test_scanned_per_layer_shard_maps_on_four_devices_reach_per_layer_checkpoint
   for row in result["rounds"][:2]:
     assert 0.9 <= row["prediction"] / row["xla"] <= 1.1, row
   _reaches_per_layer_checkpointing_under_a_budget(result)
+
+
+@pytest.mark.slow
+def test_layerdrop_under_a_shard_map_on_four_devices_reaches_per_layer_checkpointing():
+  # Measured (3 layers, b = 16, s = 256): XLA 18.45 MB at round 0, 6.03 at the last
+  # (predictions +1 % ... +23 % of XLA's figures), jax.checkpoint on each layer 7.28.
+  _reaches_per_layer_checkpointing_under_a_budget(_four_devices()["layerdrop"])
