@@ -138,6 +138,21 @@ def test_a_scanned_steps_rewritten_scans_are_split_as_their_originals():
     return aval.dtype.itemsize * int(np.prod([d.evaluate(env) for d in
                                               jax_dims.shape_to_polys(aval.shape)]))
   assert len(a.rounds) > 1
+  # A round's graph propagates only what its rewrites added (`known`), splitting the new
+  # values as a full pass over the round's program does.
+  def avals(program):
+    out = dict(program.avals)
+    for n in program.nodes:
+      for body in n.subprograms:
+        out.update(avals(body))
+    return out
+  first, last = a.rounds[0].program, a.rounds[-1].program
+  dims_of = lambda v, table=avals(last) | avals(first): jax_dims.shape_to_polys(table[v].shape)
+  full = sharding.propagate(last, divisors, dims_of)
+  known = sharding.propagate(first, divisors, dims_of)
+  incremental = sharding.propagate(last, divisors, dims_of, known=known)
+  fresh = set(full) - set(known)
+  assert fresh and {v: incremental[v] for v in fresh} == {v: full[v] for v in fresh}
   for r in a.rounds:
     forward = next(n for n in r.program.nodes if n.name == "scan")
     batched = [o for o in forward.outputs if "b" in str(r.program.avals[o].shape)]

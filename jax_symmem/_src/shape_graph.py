@@ -183,9 +183,9 @@ class ShapeGraph:
     self._bytes_at: dict[tuple, dict[int, int]] = {}
     # kind -> node -> a figure derived from its values (`node_cache`).
     self._node_caches: dict[str, dict] = {}
-    # A per-device graph (`per_device`): its arguments' splits and every value's dims
-    # before the split, for `extended` to split the values a rewrite adds.
-    self._per_device: tuple[tuple, Mapping[int, ValueInfo]] | None = None
+    # A per-device graph (`per_device`): its arguments' splits, every value's dims before
+    # the split and every value's split, for `extended` to split the values a rewrite adds.
+    self._per_device: tuple[tuple, Mapping[int, ValueInfo], Mapping] | None = None
     self._collect(traced.program, values, relations)
     self.values: Mapping[int, ValueInfo] = values
     self.constraints, self.relations, self.implied = self._close(traced.constraints, relations)
@@ -251,10 +251,11 @@ class ShapeGraph:
     if self._per_device is not None and fresh:
       # Split as the program propagates them: a rewritten scan's new stacked results and
       # body values (a copy keeps its original's split below).
-      arguments, whole = self._per_device
+      arguments, whole, known = self._per_device
       whole = {**whole, **fresh}
-      fresh = _split(fresh, sharding.propagate(program, arguments, lambda v: whole[v].dims))
-      new._per_device = (arguments, whole)
+      divisors = sharding.propagate(program, arguments, lambda v: whole[v].dims, known=known)
+      fresh = _split(fresh, divisors)
+      new._per_device = (arguments, whole, divisors)
     for vid, info in fresh.items():
       original = values.get((copies or {}).get(vid))
       values[vid] = info if original is None else dataclasses.replace(
@@ -308,7 +309,7 @@ class ShapeGraph:
     new.values = _split(self.values, divisors)
     inputs = self.traced.program.inputs
     new._per_device = (tuple(divisors.get(v, (1,) * len(self.values[v].dims)) for v in inputs),
-                       self.values)
+                       self.values, dict(divisors))
     return new
 
   # -- queries --

@@ -84,18 +84,20 @@ def runs_shard_map(program: Program) -> bool:
              for n in program.nodes)
 
 
-def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of
-              ) -> dict[int, Divisors]:
+def propagate(program: Program, inputs: Sequence[Divisors] | None, dims_of,
+              known: Mapping[int, Divisors] | None = None) -> dict[int, Divisors]:
   """Divisors of every value of `program`; `dims_of(value_id)` gives its dims (Polys).
 
   `inputs` None: the arguments have no sharding of their own, and XLA shards each as
   the first `shard_map` that reads it needs (a batch split over "data"; also one in a
-  loop's body, through the loop's operand); the rest whole."""
+  loop's body, through the loop's operand); the rest whole.
+  `known`: the divisors of an earlier version of `program` (before a rewrite added
+  nodes): a node whose outputs all have theirs there is not propagated again."""
   if inputs is None:
     read = _shard_map_splits(program, dims_of)
     inputs = [read.get(v, (1,) * len(dims_of(v))) for v in program.inputs]
-  divisors: dict[int, Divisors] = {}
-  _run(program, inputs, divisors, dims_of)
+  divisors: dict[int, Divisors] = dict(known or {})
+  _run(program, inputs, divisors, dims_of, skip_known=known is not None)
   return divisors
 
 
@@ -120,18 +122,20 @@ def _shard_map_splits(program: Program, dims_of) -> dict[int, Divisors]:
 
 
 def _run(program: Program, inputs: Sequence[Divisors], divisors: dict[int, Divisors],
-         dims_of) -> list[Divisors]:
+         dims_of, skip_known: bool = False) -> list[Divisors]:
   """Propagates through `program` whose inputs are split as `inputs`, into `divisors`;
   returns its outputs' splits."""
   divisors.update(zip(program.inputs, inputs))
   for node in program.nodes:
+    if skip_known and _known(node, divisors):
+      continue
     in_dims = [_dims(x, dims_of) for x in node.inputs]
     in_div = [divisors.get(x) if not isinstance(x, Const) else None for x in node.inputs]
     in_div = [d if d is not None else (1,) * len(n) for d, n in zip(in_div, in_dims)]
     out_dims = [dims_of(o) for o in node.outputs]
     if node.name in BODY_RULES:
-      outs = BODY_RULES[node.name](node, in_div, lambda body, ins: _run(body, ins, divisors,
-                                                                        dims_of))
+      outs = BODY_RULES[node.name](node, in_div, lambda body, ins: _run(
+          body, ins, divisors, dims_of, skip_known))
     else:
       rule = SHARDING_RULES.get(node.name, None if node.subprograms else _same_dims)
       outs = rule(node, in_div, in_dims, out_dims) if rule is not None else []
@@ -139,6 +143,13 @@ def _run(program: Program, inputs: Sequence[Divisors], divisors: dict[int, Divis
       divisors[o] = d if d is not None else (1,) * len(dims)
   return [(None if isinstance(x, Const) else divisors.get(x)) or (1,) * len(_dims(x, dims_of))
           for x in program.outputs]
+
+
+def _known(node: Node, divisors: Mapping[int, Divisors]) -> bool:
+  """Whether every value `node` makes, in its bodies too, has its divisors already (a
+  rewritten scan keeps its outputs' ids, not its body's)."""
+  return all(o in divisors for o in node.outputs) and all(
+      _known(n, divisors) for body in node.subprograms for n in body.nodes)
 
 
 def _dims(x, dims_of) -> tuple[Poly, ...]:
