@@ -30,6 +30,19 @@ def _analysis(step, opt, layers, b, s, shapes, constraints=("k <= 8", "s <= 512"
                         polymorphic_shapes=(None, None, *shapes), constraints=constraints)
 
 
+def _every_round_equals_jax_jit(analysis, step, opt, layers: int) -> None:
+  """Each round of `analysis` (planned at b = 2, s = 32 on this process's one device)
+  computes what jax.jit computes."""
+  params = steps.init(layers)
+  state = opt.init(params)
+  x, mask = steps.batch(2, 32, seed=3)
+  leaves = jax.tree_util.tree_leaves((params, state, x, mask))
+  ref = jax.jit(step)(params, state, x, mask)
+  for k in range(len(analysis.rounds)):
+    fn = jax.jit(variants.round_function(analysis, k, {"k": 2, "s": 32}))
+    assert steps._close(fn(*leaves), ref), k
+
+
 def test_a_shard_map_step_is_modeled_per_device_as_the_step_on_one_shard():
   # The whole loss under one shard_map over 4 devices (planned, not run: an abstract
   # mesh). Per device: each shard_map output holds its out_spec's share, the batch
@@ -77,15 +90,7 @@ def test_every_round_of_per_layer_shard_maps_equals_jax_jit():
   last = analysis.rounds[-1].program
   backward = [n for n in last.nodes if n.name == "shard_map"][-1]
   assert any(n.name == "optimization_barrier" for n in backward.subprograms[0].nodes)
-  params = steps.init(2)
-  state = opt.init(params)
-  x, mask = steps.batch(2, 32, seed=3)
-  leaves = jax.tree_util.tree_leaves((params, state, x, mask))
-  ref = jax.jit(step)(params, state, x, mask)
-  dims = {"k": 2, "s": 32}
-  for k in range(len(analysis.rounds)):
-    fn = jax.jit(variants.round_function(analysis, k, dims))
-    assert steps._close(fn(*leaves), ref), k
+  _every_round_equals_jax_jit(analysis, step, opt, 2)
 
 
 @pytest.mark.parametrize("make_step", [steps.per_layer_step, steps.data_parallel_step,
@@ -135,14 +140,7 @@ def test_scan_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_j
   dims = {"k": 4, "s": 64}
   figures = [analysis.dispatch_figure(k, dims) for k in range(len(analysis.rounds))]
   assert figures[-1] < 0.6 * figures[0], figures
-  params = steps.init(2)
-  state = opt.init(params)
-  x, mask = steps.batch(2, 32, seed=3)
-  leaves = jax.tree_util.tree_leaves((params, state, x, mask))
-  ref = jax.jit(step)(params, state, x, mask)
-  for k in range(len(analysis.rounds)):
-    fn = jax.jit(variants.round_function(analysis, k, {"k": 2, "s": 32}))
-    assert steps._close(fn(*leaves), ref), k
+  _every_round_equals_jax_jit(analysis, step, opt, 2)
 
 
 @pytest.mark.parametrize("rate", [0.0, 0.5])   # every layer run; (seed 0) two of three skipped
@@ -157,14 +155,7 @@ def test_cond_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_j
   assert len(loop_remat.cond_pairs(body)) == 3
   assert len(analysis.rounds) > 2
   assert "cond residual" in analysis.plan and "inside the shard_map's body" in analysis.plan
-  params = steps.init(3)
-  state = opt.init(params)
-  x, mask = steps.batch(2, 32, seed=3)
-  leaves = jax.tree_util.tree_leaves((params, state, x, mask))
-  ref = jax.jit(step)(params, state, x, mask)
-  for k in range(len(analysis.rounds)):
-    fn = jax.jit(variants.round_function(analysis, k, {"k": 2, "s": 32}))
-    assert steps._close(fn(*leaves), ref), k
+  _every_round_equals_jax_jit(analysis, step, opt, 3)
 
 
 @functools.lru_cache(maxsize=None)
