@@ -72,11 +72,6 @@ Rule = Callable[[Node, Sequence[Divisors], Sequence[tuple[Poly, ...]],
 SHARDING_RULES: dict[str, Rule] = {}
 
 
-def has_shard_map(program: Program) -> bool:
-  """Whether `program` runs a `shard_map` at top level."""
-  return any(n.name == "shard_map" for n in program.nodes)
-
-
 def runs_shard_map(program: Program) -> bool:
   """Whether `program` runs a `shard_map` anywhere (in a scan's body too): its figures
   are per device then, whatever the arguments' shardings."""

@@ -626,8 +626,9 @@ def splice_jaxpr(fun: Callable, avals: Sequence[Any]) -> jcore.ClosedJaxpr:
 
 def _operand_aval(aval):
   """The aval tracing gives an operand of `aval`'s shape and dtype (not weakly typed),
-  and the mesh axes it varies over inside a shard_map body (the body's ops check them:
-  a cond's branches must agree)."""
+  and the mesh axes it varies over inside a shard_map body (`inside_shard_map`: the
+  body's ops check them, a cond's branches must agree, a scan's carry keeps them; a
+  shape-dtype struct would drop them)."""
   if aval_varying_axes(aval):
     return aval.update(weak_type=False)
   return api_util.shaped_abstractify(jax.ShapeDtypeStruct(aval.shape, aval.dtype))
@@ -638,11 +639,7 @@ def node_from_function(fun: Callable, operand_avals: Sequence[Any], start: int
   """The single node that tracing `fun(*operands)` produces (e.g. one `lax.scan`) and
   the one-node program around it, flattened with value ids from `start`: the
   program's inputs stand for the operands, in order, for the caller to rename."""
-  # An aval that varies over mesh axes (inside a shard_map body: `inside_shard_map`)
-  # is traced as it is: a shape-dtype struct would drop the axes its ops check.
-  specs = [a.update(weak_type=False) if aval_varying_axes(a)
-           else jax.ShapeDtypeStruct(a.shape, a.dtype) for a in operand_avals]
-  program = flatten(jax.make_jaxpr(fun)(*specs), start)
+  program = flatten(jax.make_jaxpr(fun)(*map(_operand_aval, operand_avals)), start)
   if len(program.nodes) != 1:
     raise TracingError(f"expected one node from {getattr(fun, '__name__', fun)}, got "
                        f"{[n.name for n in program.nodes]}")

@@ -296,8 +296,8 @@ def footprint_at(graph: ShapeGraph, env: Mapping[str, int], program: Program,
 def _without_shard_maps(program: Program, order: Sequence[int]
                         ) -> tuple[Program, Sequence[int], Mapping[int, int]]:
   """`program` with each top-level shard_map replaced by its body, in `order` (the body's
-  nodes at the shard_map's step, in their own order), the order in it, and each other
-  node's new index by its old. XLA partitions a shard_map away: per device its body is
+  nodes at the shard_map's step, in their own order; a loop's body the same way), the
+  order in it, and each other node's new index by its old. XLA partitions a shard_map away: per device its body is
   ops like any other, which fuse with their readers outside it. Per device the body's
   values are its own sizes, and the shard_map's operands and results (split by its
   specs, `sharding.py`) the same bytes."""
