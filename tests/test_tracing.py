@@ -10,6 +10,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem._src import interpret
+from jax_symmem._src import executor
 from jax_symmem._src import tracing
 
 F32 = jnp.float32
@@ -390,7 +391,7 @@ def test_ops_of_library_jits_are_named_by_the_line_that_called_them():
 
   lines = {m: next(k for k, text in enumerate(open(__file__), 1) if f"# {m}'s line" in text)
            for m in ("silu", "take")}
-  traced = symmem.trace(jax.grad(f), jnp.ones((8, 4)), jnp.zeros((3,), jnp.int32),
+  traced = symmem.trace(jax.value_and_grad(f), jnp.ones((8, 4)), jnp.zeros((3,), jnp.int32),
                         polymorphic_shapes=("s, _", "_"))
   labels = {n.name: source_label(n.source, n.name) for _, n in traced.program.walk()}
   assert f"test_tracing.py:{lines['silu']}" in labels["logistic"], labels["logistic"]
@@ -610,3 +611,23 @@ def test_layer_scopes_from_plain_named_scopes_haiku_names_and_a_model_scope(name
                         jnp.ones((2, 8)), polymorphic_shapes=(None, "b, _"))
   assert {n.source.partition(" @ ")[2] for n in single.program.nodes
           if n.name == "tanh"} == {"attention"}
+
+
+def test_dead_code_goes_but_effects_and_everything_read_stay():
+  """The traced program drops top-level nodes whose results nothing reads (XLA removes
+  them too), with the nodes only they read; a node with effects stays; nodes are
+  renumbered in order and the program still computes the step."""
+  seen = []
+
+  def f(x):
+    unused = jnp.exp(jnp.sin(x))                     # dead, and so is the sin feeding it
+    jax.debug.callback(lambda v: seen.append(v), x.sum())   # effects: kept
+    return jnp.cos(x) * 2.0
+
+  traced = symmem.trace(f, jnp.ones((4,)), polymorphic_shapes="n")
+  names = [n.name for n in traced.program.nodes]
+  assert "sin" not in names and "exp" not in names
+  assert "debug_callback" in names and "cos" in names
+  assert [n.index for n in traced.program.nodes] == list(range(len(names)))
+  run = executor.execute(traced, (np.arange(4, dtype=np.float32),))
+  np.testing.assert_allclose(np.asarray(run.outputs), np.cos(np.arange(4)) * 2.0, rtol=1e-6)

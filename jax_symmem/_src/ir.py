@@ -100,6 +100,26 @@ class Program:
                *(sub.max_id() for n in self.control_flow for sub in n.subprograms))
 
 
+def without_dead_code(program: Program) -> Program:
+  """`program` less the top-level nodes nothing needs: no effects, and no output that is
+  a program output or read by a node kept. XLA removes them before it lays out memory
+  (a jaxpr keeps, e.g., the primal results `jax.grad` discards: a training step's
+  logits-sized cast among them), so the memory model must not count them. Value ids
+  stay; nodes are renumbered in their order."""
+  needed = {x for x in program.outputs if not isinstance(x, Const)}
+  kept = []
+  for node in reversed(program.nodes):
+    if node.effects or any(o in needed for o in node.outputs):
+      kept.append(node)
+      needed.update(node.operands)
+  if len(kept) == len(program.nodes):
+    return program
+  nodes = tuple(dataclasses.replace(n, index=i) for i, n in enumerate(reversed(kept)))
+  dead = {o for n in program.nodes for o in n.outputs}.difference(*(n.outputs for n in nodes))
+  return Program(program.inputs, nodes, program.outputs,
+                 {v: a for v, a in program.avals.items() if v not in dead})
+
+
 def _per_node_table(ids_per_node: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:
   """(node index, value id) arrays of every id listed per node, in node order."""
   node_of = np.repeat(np.arange(len(ids_per_node), dtype=np.int64),

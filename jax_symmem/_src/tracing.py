@@ -36,6 +36,7 @@ from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import collector
 from jax_symmem._src import constraints as constraints_lib
 from jax_symmem._src import jax_dims
+from jax_symmem._src import ir
 from jax_symmem._src import sharding
 from jax_symmem._src import trace_advice
 from jax_symmem._src.errors import ConstraintError, ShapeError, ShapeSpecError, TracingError
@@ -1017,6 +1018,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
         + f": {first}\nWhat to do: {trace_advice.advice(e, args, specs, constraints)}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
-  return TracedProgram(fun=fun, fun_name=name, program=flatten(closed), closed_jaxpr=closed,
+  return TracedProgram(fun=fun, fun_name=name, program=ir.without_dead_code(flatten(closed)),
+                       closed_jaxpr=closed,
                        in_specs=specs, in_tree=in_tree, out_tree=out_tree,
                        dims=tuple(sorted(dims)), constraints=cons)
