@@ -6,9 +6,11 @@ On CPU it holds scratch XLA's buffer assignment does not see; `symmem.jit` adds
 x item size) to XLA's figure. This measures, for single convolutions compiled with the
 budget's XLA options, the real peak (DESIGN.md F3, a fresh process per figure) minus
 XLA's footprint beside that formula; also a strided forward convolution and a weight
-gradient, which hold none.
+gradient, which hold none, a transposed convolution (input-dilated, kernel 2 x 2) and
+its weight gradient, which holds none either: its kernel (the output gradient) is larger
+than its input, and XLA swaps the two before choosing a kernel.
 
-  python -m experiments.conv_scratch [--out PATH]
+  python -m experiments.conv_scratch [--cap] [--out PATH]
 
 Writes experiments/results/conv_scratch.json (or --out).
 """
@@ -31,7 +33,16 @@ CASES = [("input_dilated", 16, 64, 16, 16, 3, 2), ("input_dilated", 16, 64, 16, 
          ("input_dilated", 16, 64, 32, 16, 3, 2), ("input_dilated", 16, 64, 16, 16, 1, 2),
          ("input_dilated", 16, 64, 16, 16, 3, 3), ("input_dilated", 16, 64, 16, 16, 5, 2),
          ("input_dilated", 8, 64, 16, 16, 3, 2),
-         ("strided", 16, 128, 16, 16, 3, 2), ("weight_gradient", 16, 128, 16, 16, 3, 2)]
+         ("strided", 16, 128, 16, 16, 3, 2), ("weight_gradient", 16, 128, 16, 16, 3, 2),
+         # A transposed convolution (nn.ConvTranspose, strides 2) is input-dilated; its
+         # weight gradient is input-dilated too, with the output gradient as its kernel.
+         ("input_dilated", 16, 64, 32, 16, 2, 2),
+         ("input_dilated_weight_gradient", 16, 64, 32, 16, 2, 2),
+         ("input_dilated_weight_gradient", 8, 32, 64, 32, 3, 2),
+         ("input_gradient", 16, 128, 16, 16, 3, 2), ("input_gradient", 16, 128, 16, 32, 5, 2)]
+# --cap: scratch just under and just over XLA's cap (`xla_buffers.TRANSPOSED_CONV_MAX_SCRATCH`,
+# 8 GiB), above which its generic kernel runs without any; needs about 9 GiB of memory.
+CAP_CASES = [("input_dilated", 8, 64, 8, 512, 11, 2), ("input_dilated", 8, 64, 8, 576, 11, 2)]
 
 
 def _convolution(kind, k, d):
@@ -44,6 +55,13 @@ def _convolution(kind, k, d):
         dimension_numbers=dn)
   if kind == "strided":
     return lambda y, w: lax.conv_general_dilated(y, w, (d, d), "SAME", dimension_numbers=dn)
+  if kind == "input_gradient":   # a strided convolution's, padded (1, 1): input-dilated
+    return lambda y, w: jax.grad(lambda y: lax.conv_general_dilated(
+        y, w, (d, d), ((1, 1), (1, 1)), dimension_numbers=dn).sum())(y)
+  if kind == "input_dilated_weight_gradient":
+    return lambda y, w: jax.grad(lambda w: lax.conv_general_dilated(
+        y, w, (1, 1), ((k - 1, k - 1), (k - 1, k - 1)), lhs_dilation=(d, d),
+        dimension_numbers=dn).sum())(w)
   return lambda y, w: jax.grad(lambda w: lax.conv_general_dilated(
       y, w, (d, d), "SAME", dimension_numbers=dn).sum())(w)
 
@@ -57,7 +75,9 @@ def measured(kind: str, b: int, side: int, c_in: int, c_out: int, k: int, d: int
   from jax_symmem._src import variants
   fn = _convolution(kind, k, d)
   args = (jnp.ones((b, side, side, c_in)), jnp.full((k, k, c_in, c_out), 0.01))
-  exe = jax.jit(fn).lower(*args).compile(compiler_options=variants.CPU_COMPILER_OPTIONS)
+  # keep_unused: an input gradient does not read the input, which the real peak holds
+  exe = jax.jit(fn, keep_unused=True).lower(*args).compile(
+      compiler_options=variants.CPU_COMPILER_OPTIONS)
   analysis = symmem.analyze(fn, *args, polymorphic_shapes=("b, _, _, _", None))
   return (lambda *_: exe(*args)), args, {
       "argument_bytes": _common.tree_bytes(args), "xla": variants.footprint(exe),
@@ -67,9 +87,10 @@ def measured(kind: str, b: int, side: int, c_in: int, c_out: int, k: int, d: int
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--out", default=RESULTS)
+  parser.add_argument("--cap", action="store_true", help="also the two cases at XLA's cap")
   args = parser.parse_args(argv)
   rows = []
-  for kind, b, side, c_in, c_out, k, d in CASES:
+  for kind, b, side, c_in, c_out, k, d in CASES + (CAP_CASES if args.cap else []):
     r = _common.real_peak("experiments.conv_scratch:measured", kind=kind, b=b, side=side,
                           c_in=c_in, c_out=c_out, k=k, d=d)
     row = {"kind": kind, "batch": b, "side": side, "in": c_in, "out": c_out, "kernel": k,

@@ -10,6 +10,8 @@ the bounds that hold on any program: every live byte of the model is in an argum
 allocation or the heap, and the layout adds at most the outputs' bytes.
 """
 
+import math
+
 import jax
 import jax.numpy as jnp
 from jax import lax
@@ -411,3 +413,62 @@ def test_an_input_dilated_convolution_adds_its_scratch_to_xla_figure(monkeypatch
   assert variant["xla_bytes"] == variants.footprint(compiled) + scratch
   monkeypatch.setattr(xla_buffers, "CANONICAL_CONVOLUTIONS", False)   # a GPU's rules
   assert xla_buffers.convolution_scratch({"b": 2}, an.rounds[0].program) == 0
+
+
+def _input_dilated(kernel, dilation=2, strides=1, rhs_dilation=1, padding=None):
+  """An input-dilated convolution of as many spatial dims as `kernel` has."""
+  n = len(kernel)
+  dn = (("NWC", "WIO", "NWC") if n == 1 else ("NHWC", "HWIO", "NHWC"))
+  padding = padding or [(k - 1, k - 1) for k in kernel]
+  return lambda y, w: lax.conv_general_dilated(
+      y, w, (strides,) * n, padding, lhs_dilation=(dilation,) * n,
+      rhs_dilation=(rhs_dilation,) * n, dimension_numbers=dn)
+
+
+@pytest.mark.parametrize("inputs,kernel,kw", [
+    ((8, 8), (3, 3), {}), ((8, 8), (8, 8), {}), ((8, 8), (9, 9), {}), ((8, 8), (7, 9), {}),
+    ((4, 16), (5, 13), {}), ((4, 16), (9, 7), {}), ((1, 4), (3, 3), {}),
+    ((1, 2), (3, 1), {}), ((1, 4), (3, 3), {"padding": [(1, 1), (2, 2)]}),
+    ((8,), (7,), {}), ((8,), (9,), {}), ((8, 8), (9, 9), {"padding": [(0, 0), (0, 0)]}),
+    ((8, 8), (3, 3), {"strides": 2}), ((8, 8), (3, 3), {"rhs_dilation": 2}),
+    ((4, 4, 4), (3, 3, 3), {})])
+def test_convolution_scratch_only_where_xla_keeps_the_input_dilated_kernel(inputs, kernel, kw):
+  """XLA:CPU's transposed-convolution kernel (the scratch) runs an input-dilated
+  convolution with unit strides and no kernel dilation, of 1 or 2 spatial dims, unless
+  XLA's simplifier first swaps its operands (a kernel larger than the input, as in a
+  transposed convolution's weight gradient): scratch is counted exactly where the
+  compiled HLO keeps such a convolution."""
+  if len(kernel) == 3:
+    dn = ("NDHWC", "DHWIO", "NDHWC")
+    fn = lambda y, w: lax.conv_general_dilated(y, w, (1, 1, 1), [(2, 2)] * 3,
+                                               lhs_dilation=(2, 2, 2), dimension_numbers=dn)
+  else:
+    fn = _input_dilated(kernel, **kw)
+  y, w = jnp.ones((2, *inputs, 4)), jnp.ones((*kernel, 4, 8))
+  an = symmem.analyze(fn, y, w, polymorphic_shapes=(", ".join(["b"] + ["_"] * (len(inputs) + 1)),
+                                                    None))
+  hlo = jax.jit(fn).lower(y, w).compile(compiler_options=variants.CPU_COMPILER_OPTIONS).as_text()
+  (conv,) = [line for line in hlo.splitlines() if " convolution(" in line]
+  window = conv.split("window={")[1].split("}")[0]
+  transposed_kernel = ("lhs_dilate" in window and "rhs_dilate" not in window
+                       and "stride" not in window and len(kernel) <= 2)
+  expected = 2 * math.prod(inputs) * math.prod(kernel) * 8 * 4 if transposed_kernel else 0
+  assert an.round_scratch(0, {"b": 2}) == expected, window
+
+
+def test_a_transposed_convolution_counts_its_own_scratch_not_its_weight_gradients():
+  """`nn.ConvTranspose`'s step: the convolution is input-dilated (scratch), its weight
+  gradient is too but with the output gradient as its kernel, which XLA swaps (none);
+  above XLA's cap the kernel falls back to one without scratch."""
+  def loss(w, y):
+    return jnp.sum(_input_dilated((2, 2), padding=[(1, 1), (1, 1)])(y, w) ** 2)
+  w, y = jnp.ones((2, 2, 16, 8)), jnp.ones((2, 16, 16, 16))
+  an = symmem.analyze(jax.grad(loss), w, y, polymorphic_shapes=(None, "b, _, _, _"))
+  forward = 2 * 16 * 16 * (2 * 2) * 8 * 4   # batch x input pixels x taps x out features
+  assert an.round_scratch(0, {"b": 2}) == forward
+  monkey = xla_buffers.TRANSPOSED_CONV_MAX_SCRATCH
+  try:
+    xla_buffers.TRANSPOSED_CONV_MAX_SCRATCH = forward - 1
+    assert xla_buffers.convolution_scratch({"b": 2}, an.rounds[0].program) == 0
+  finally:
+    xla_buffers.TRANSPOSED_CONV_MAX_SCRATCH = monkey

@@ -76,6 +76,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import functools
+import math
 from typing import Iterable, Mapping, Sequence
 
 import numpy as np
@@ -600,49 +601,80 @@ def _canonicalized_convs(program: Program) -> tuple[tuple[int, int, int, tuple],
   schedules: a forward activation's transposed copy is held to the backward pass beside
   it), one for all the convolutions that read it in the same order."""
   made_by = {o: node.index for node in program.nodes for o in node.outputs}
+  return tuple((node.index, x, node.index if x in node.outputs else made_by.get(x, -1), order)
+               for node in program.nodes if node.name == "conv_general_dilated"
+               for x, order in _out_of_order(node, program.avals))
+
+
+def _out_of_order(node: Node, avals) -> list[tuple[int, tuple]]:
+  """(value, its dims in the kernel's order) of each of a convolution's input, kernel and
+  result that is not in the order XLA:CPU's convolution kernel takes (size-1 dims aside)."""
+  dn = node.params["dimension_numbers"]
+  n = len(dn.lhs_spec) - 2
+  wanted = ((dn.lhs_spec, (0, *range(2, n + 2), 1)),
+            (dn.rhs_spec, (*range(2, n + 2), 1, 0)),
+            (dn.out_spec, (0, *range(2, n + 2), 1)))
   out = []
-  for node in program.nodes:
-    if node.name != "conv_general_dilated":
+  for x, (spec, positions) in zip((*node.inputs[:2], node.outputs[0]), wanted):
+    if isinstance(x, Const):
       continue
-    dn = node.params["dimension_numbers"]
-    n = len(dn.lhs_spec) - 2
-    wanted = ((dn.lhs_spec, (0, *range(2, n + 2), 1)),
-              (dn.rhs_spec, (*range(2, n + 2), 1, 0)),
-              (dn.out_spec, (0, *range(2, n + 2), 1)))
-    values = (*node.inputs[:2], node.outputs[0])
-    for x, (spec, positions) in zip(values, wanted):
-      if isinstance(x, Const):
-        continue
-      shape = program.avals[x].shape
-      order = [spec[k] for k in positions]   # the dims in the kernel's order
-      if [d for d in order if shape[d] != 1] != sorted(d for d in order if shape[d] != 1):
-        out.append((node.index, x, node.index if x in node.outputs else made_by.get(x, -1),
-                    tuple(order)))
-  return tuple(out)
+    shape = avals[x].shape
+    order = [spec[k] for k in positions]   # the dims in the kernel's order
+    if [d for d in order if shape[d] != 1] != sorted(d for d in order if shape[d] != 1):
+      out.append((x, tuple(order)))
+  return out
+
+
+# XLA:CPU's transposed-convolution kernel falls back to its generic one, which holds no
+# scratch, where the scratch would exceed this (`kMaxConvMatrixSize` in XLA's
+# convolution_thunk_internal.h; measured: 7.56 GiB held, 8.51 GiB not).
+TRANSPOSED_CONV_MAX_SCRATCH = 8 << 30
 
 
 def convolution_scratch(env: Mapping[str, int], program: Program) -> int:
   """Bytes the largest input-dilated convolution of `program` (a strided convolution's
-  input gradient) holds while it runs, outside XLA's buffers and `memory_analysis()`,
-  on XLA:CPU: one product per input element and kernel tap, batch x input spatial x
-  kernel spatial x output features (measured with the real peak, DESIGN.md F3:
-  k x k x input elements x out features x 4 bytes for k = 1, 3, 5, dilation 2 and 3,
-  16 to 32 features each way; 36.0 MiB for b=16, 64 x 64 x 16 -> 129 x 129 x 16, 3 x 3).
-  0 elsewhere. `env`: complete dims."""
+  input gradient, a transposed convolution) holds while it runs, outside XLA's buffers
+  and `memory_analysis()`, on XLA:CPU: its transposed-convolution kernel multiplies every
+  input element by the kernel into batch x input spatial x kernel spatial x output
+  features products before adding them up (measured with the real peak, DESIGN.md F3:
+  36.0 MiB for b=16, 64 x 64 x 16 -> 129 x 129 x 16, 3 x 3; `experiments/conv_scratch.py`).
+  Only where XLA runs that kernel (`_transposed_kernel_scratch`); 0 elsewhere. `env`:
+  complete dims."""
   if not canonicalizes_convolutions():
     return 0
   dim = lambda d: tracing._concrete_dim(d, env)   # noqa: SLF001 (ours)
-  largest = 0
-  for sub, node in program.walk():
-    if node.name != "conv_general_dilated" or all(d == 1 for d in node.params["lhs_dilation"]):
-      continue
-    lhs, rhs = (x.aval if isinstance(x, Const) else sub.avals[x] for x in node.inputs[:2])
-    dn = node.params["dimension_numbers"]
-    elements = int(np.prod([dim(d) for d in lhs.shape])) // dim(lhs.shape[dn.lhs_spec[1]])
-    taps = int(np.prod([dim(rhs.shape[d]) for d in dn.rhs_spec[2:]]))
-    largest = max(largest, elements * taps * dim(rhs.shape[dn.rhs_spec[0]])
-                  * np.dtype(sub.avals[node.outputs[0]].dtype).itemsize)
-  return int(largest)
+  return max((_transposed_kernel_scratch(node, sub.avals, dim, top=sub is program)
+              for sub, node in program.walk() if node.name == "conv_general_dilated"),
+             default=0)
+
+
+def _transposed_kernel_scratch(node: Node, avals, dim, top: bool) -> int:
+  """The scratch of one convolution where XLA:CPU runs it with its transposed-convolution
+  kernel, else 0. That kernel runs a convolution with a dilated input, no kernel
+  dilation, unit strides and one feature group, of 1 or 2 spatial dims, in the kernel's
+  order (XLA puts top-level ones in it, `_canonicalized_convs`; one in a loop body out of
+  it runs elementwise), unless the scratch exceeds `TRANSPOSED_CONV_MAX_SCRATCH`. And not
+  where XLA's algebraic simplifier swaps the operands first, which it does where the
+  kernel's spatial product exceeds the input's (a size-1 input dim padded by the kernel
+  counts as the kernel's size), as in a transposed convolution's weight gradient, whose
+  kernel is the output gradient: the swapped one dilates the kernel instead (seen in the
+  compiled HLO; measured, no scratch)."""
+  p = node.params
+  if (all(d == 1 for d in p["lhs_dilation"]) or any(d != 1 for d in p["rhs_dilation"])
+      or any(s != 1 for s in p["window_strides"]) or p["feature_group_count"] != 1
+      or len(p["lhs_dilation"]) > 2 or (not top and _out_of_order(node, avals))):
+    return 0
+  lhs, rhs = (x.aval if isinstance(x, Const) else avals[x] for x in node.inputs[:2])
+  dn = p["dimension_numbers"]
+  inputs = [dim(lhs.shape[d]) for d in dn.lhs_spec[2:]]
+  kernel = [dim(rhs.shape[d]) for d in dn.rhs_spec[2:]]
+  swapped = math.prod(k if n == 1 and tuple(map(dim, pad)) == (k - 1, k - 1) else n
+                      for n, k, pad in zip(inputs, kernel, p["padding"]))
+  if math.prod(kernel) > swapped:
+    return 0
+  scratch = (dim(lhs.shape[dn.lhs_spec[0]]) * math.prod(inputs) * math.prod(kernel)
+             * dim(rhs.shape[dn.rhs_spec[0]]) * np.dtype(avals[node.outputs[0]].dtype).itemsize)
+  return int(scratch) if scratch <= TRANSPOSED_CONV_MAX_SCRATCH else 0
 
 
 def stored_outputs(program: Program) -> frozenset[int]:
