@@ -294,7 +294,7 @@ def _t5(g: Geometry = Geometry()) -> Workload:
 
 
 def _images(name: str, module, model, cfg, g: Geometry) -> Workload:
-  """An image classifier of `jax_symmem.examples` (resnet, vit: the same batches and
+  """An image model of `jax_symmem.examples` (resnet, vit, unet: the same batches and
   shapes) on square images of 32, 64 and 128 pixels (its "lengths" are the image side, 8 *
   h = 8 * w pixels), at 4x the geometry's batch; per-layer checkpointing is nn.remat on
   each block (`model(cfg, remat_policy)`)."""
@@ -310,6 +310,12 @@ def _resnet(g: Geometry = Geometry()) -> Workload:
   # A Flax ResNet with batch norm.
   from jax_symmem.examples import resnet
   return _images("resnet", resnet, resnet.ResNet, resnet.PRESETS["small"], g)
+
+
+def _unet(g: Geometry = Geometry()) -> Workload:
+  # A diffusion UNet (transposed convolutions up, skips, noise drawn in the step).
+  from jax_symmem.examples import unet
+  return _images("unet", unet, unet.UNet, unet.PRESETS["small"], g)
 
 
 def _vit(g: Geometry = Geometry()) -> Workload:
@@ -329,7 +335,7 @@ WORKLOADS = {
     "gpt2_scan_dropout": _gpt2_scan_dropout, "t5": _t5,
     "llama_accum": lambda g=Geometry(): _llama_accum(g=g),
     "llama_scan_accum": lambda g=Geometry(): _llama_accum(scan=True, g=g),
-    "resnet": _resnet, "vit": _vit, "moe_scan": _moe_scan,
+    "resnet": _resnet, "vit": _vit, "unet": _unet, "moe_scan": _moe_scan,
 }
 
 

@@ -1,6 +1,7 @@
-"""The image classifiers of `jax_symmem.examples`: a ResNet (convolutions, batch norm) and a
+"""The image models of `jax_symmem.examples`: a ResNet (convolutions, batch norm), a
 Vision Transformer (big_vision's nn.scan over blocks, attention a polynomial of degree 4
-in the image's tiles), on images of varying size and batch."""
+in the image's tiles) and a diffusion UNet (transposed convolutions up, skip connections,
+noise drawn in the step), on images of varying size and batch."""
 
 import chex
 import jax
@@ -9,6 +10,7 @@ import pytest
 
 import jax_symmem as symmem
 from jax_symmem.examples import resnet
+from jax_symmem.examples import unet
 from jax_symmem.examples import vit
 from tests import budgets
 
@@ -18,6 +20,8 @@ EXAMPLES = {
                resnet.ResNetConfig(widths=(8, 16, 32), blocks=1)),
     "vit": (vit, vit.ViT, vit.PRESETS["tiny"],
             vit.ViTConfig(width=32, depth=3, heads=2, mlp_dim=128)),
+    "unet": (unet, unet.UNet, unet.PRESETS["tiny"],
+             unet.UNetConfig(widths=(8, 16, 32), groups=4, time_dim=16)),
 }
 SHAPES = ((4, 16, 24), (2, 32, 16))   # (b, height, width): aspect ratios change too
 
@@ -33,7 +37,7 @@ def _symmem_step(example, cfg, remat_policy=None, memory_budget=None):
 # between shapes); the ViT (a conv patch embedding, then scanned encoder blocks, each
 # also covered by the ResNet and the scanned Llama's fast tests) compiles for 13 s here.
 @pytest.mark.parametrize("remat_policy", [None, pytest.param("layer", marks=pytest.mark.slow)])
-@pytest.mark.parametrize("example", ["resnet", pytest.param("vit", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("example", ["resnet", "unet", pytest.param("vit", marks=pytest.mark.slow)])
 def test_a_step_without_a_budget_is_jax_jit(example, remat_policy):
   module, model, cfg, _ = EXAMPLES[example]
   state = module.init_state(cfg)
