@@ -31,9 +31,9 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from jax_symmem.examples import llama
+from jax_symmem.examples import resnet
 
 
 @dataclasses.dataclass(frozen=True)
@@ -101,26 +101,18 @@ class UNet(nn.Module):
 POLYMORPHIC_SHAPES = (None, "b, 8*h, 8*w, _", None, "b")
 
 
-def step_constraints(max_side: int, max_batch: int) -> tuple[str, ...]:
-  return (f"8*h <= {max_side}", f"8*w <= {max_side}", f"b <= {max_batch}")
+step_constraints = resnet.step_constraints   # bounds on the same 8-pixel tiles and batch
 
 
 def init_state(cfg: UNetConfig, seed: int = 0, learning_rate: float = 1e-4) -> dict:
   """{"params", "opt_state"}: the pytree the step takes and returns."""
-  model = UNet(cfg)
-
-  @jax.jit   # op-by-op initialization takes seconds
-  def init(key):
-    params = model.init(key, jnp.zeros((1, 8, 8, cfg.channels)), jnp.zeros((1,)))["params"]
-    return {"params": params, "opt_state": llama.make_optimizer(learning_rate).init(params)}
-  return init(jax.random.PRNGKey(seed))
+  return llama.init_linen_state(UNet(cfg), seed, learning_rate,
+                                example_args=(jnp.zeros((1, 8, 8, cfg.channels)), jnp.zeros((1,))))
 
 
 def train_step_fn(model: UNet, *, learning_rate: float = 1e-4) -> Callable:
   """The pure `(state, images, key, weights) -> (state, loss)` AdamW step: noise levels t
   uniform in [0, 1), images noised as sqrt(1 - t) x + sqrt(t) noise, noise regressed."""
-  tx = llama.make_optimizer(learning_rate)
-
   def loss_fn(params, images, key, weights):
     t_key, noise_key = jax.random.split(key)
     t = jax.random.uniform(t_key, images.shape[:1])
@@ -129,14 +121,7 @@ def train_step_fn(model: UNet, *, learning_rate: float = 1e-4) -> Callable:
     noisy = scale(jnp.sqrt(1.0 - t)) * images + scale(jnp.sqrt(t)) * noise
     errors = jnp.mean((model.apply({"params": params}, noisy, t) - noise) ** 2, axis=(1, 2, 3))
     return jnp.sum(errors * weights) / jnp.maximum(jnp.sum(weights), 1.0)
-
-  def train_step(state, images, key, weights):
-    loss, grads = jax.value_and_grad(loss_fn)(state["params"], images, key, weights)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    return {"params": optax.apply_updates(state["params"], updates),
-            "opt_state": opt_state}, loss
-
-  return train_step
+  return llama.adamw_train_step(loss_fn, learning_rate=learning_rate)
 
 
 def example_batch(cfg: UNetConfig, batch: int, height: int, width: int | None = None,
