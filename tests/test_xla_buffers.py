@@ -472,3 +472,28 @@ def test_a_transposed_convolution_counts_its_own_scratch_not_its_weight_gradient
     assert xla_buffers.convolution_scratch({"b": 2}, an.rounds[0].program) == 0
   finally:
     xla_buffers.TRANSPOSED_CONV_MAX_SCRATCH = monkey
+
+
+@pytest.mark.parametrize("where", ["top", "scan", "shard_map"])
+@pytest.mark.parametrize("layout", ["NHWC", "NCHW"])
+def test_convolution_scratch_where_xla_puts_the_kernel_in_its_order(where, layout):
+  """XLA transposes a convolution out of its kernel's order into it in the entry
+  computation only (a shard_map body is inlined there): in a loop body an NCHW
+  convolution runs elementwise, without the scratch (measured, the record)."""
+  dn = (layout, "OIHW" if layout == "NCHW" else "HWIO", layout)
+  conv = lambda y, w: lax.conv_general_dilated(y, w, (1, 1), ((2, 2), (2, 2)),
+                                               lhs_dilation=(2, 2), dimension_numbers=dn)
+  y = jnp.ones((2, 4, 8, 8) if layout == "NCHW" else (2, 8, 8, 4))
+  w = jnp.ones((8, 4, 3, 3) if layout == "NCHW" else (3, 3, 4, 8))
+  if where == "scan":
+    fn = lambda y, w: lax.scan(lambda c, _: (c, conv(y, w).sum()), 0.0, None, length=2)[1]
+  elif where == "shard_map":
+    mesh = jax.sharding.Mesh(jax.devices()[:1], ("d",))
+    spec = jax.sharding.PartitionSpec()
+    fn = jax.shard_map(conv, mesh=mesh, in_specs=(spec, spec), out_specs=spec)
+  else:
+    fn = conv
+  an = symmem.analyze(fn, y, w, polymorphic_shapes=("b, _, _, _", None))
+  counted = 2 * 8 * 8 * (3 * 3) * 8 * 4   # batch x input pixels x taps x out features
+  expected = 0 if (where == "scan" and layout == "NCHW") else counted
+  assert an.round_scratch(0, {"b": 2}) == expected

@@ -643,9 +643,19 @@ def convolution_scratch(env: Mapping[str, int], program: Program) -> int:
   if not canonicalizes_convolutions():
     return 0
   dim = lambda d: tracing._concrete_dim(d, env)   # noqa: SLF001 (ours)
-  return max((_transposed_kernel_scratch(node, sub.avals, dim, top=sub is program)
-              for sub, node in program.walk() if node.name == "conv_general_dilated"),
-             default=0)
+  return max((_transposed_kernel_scratch(node, avals, dim, top)
+              for node, avals, top in _convolutions(program)), default=0)
+
+
+def _convolutions(program: Program, top: bool = True):
+  """(node, its program's avals, whether XLA puts it in its entry computation) of every
+  convolution: the top level's and a shard_map body's there (XLA inlines the body after
+  partitioning), a loop's or cond's not."""
+  for node in program.nodes:
+    if node.name == "conv_general_dilated":
+      yield node, program.avals, top
+    for sub in node.subprograms:
+      yield from _convolutions(sub, top and node.name == "shard_map")
 
 
 def _transposed_kernel_scratch(node: Node, avals, dim, top: bool) -> int:
