@@ -71,7 +71,7 @@ def test_every_fence_keeps_a_trigger_xla_cannot_drop():
                      constraints=case.constraints)
   assert len(a.rounds) > 10
   for r in a.rounds[1:]:
-    live = remat._live_nodes(r.program)
+    live = ir.live_nodes(r.program)
     read = {x for n in r.program.nodes if live[n.index] for x in n.operands}
     fences = [n for n in r.program.nodes if live[n.index] and n.name == "optimization_barrier"
               and n.source.startswith(remat.FENCE_SOURCE)]

@@ -100,24 +100,35 @@ class Program:
                *(sub.max_id() for n in self.control_flow for sub in n.subprograms))
 
 
+def live_nodes(program: Program) -> np.ndarray:
+  """Whether each top-level node contributes to the outputs or has effects: what XLA
+  keeps (it removes the rest before it lays out memory)."""
+  producer = {o: n for n in program.nodes for o in n.outputs}
+  live = np.zeros(len(program.nodes), bool)
+  stack = [x for x in program.outputs if not isinstance(x, Const)]
+  stack += [x for n in program.nodes if n.effects for x in n.operands]
+  for n in program.nodes:
+    if n.effects:
+      live[n.index] = True
+  while stack:
+    n = producer.get(stack.pop())
+    if n is not None and not live[n.index]:
+      live[n.index] = True
+      stack.extend(n.operands)
+  return live
+
+
 def without_dead_code(program: Program) -> Program:
-  """`program` less the top-level nodes nothing needs: no effects, and no output that is
-  a program output or read by a node kept. XLA removes them before it lays out memory
-  (a jaxpr keeps, e.g., the primal results `jax.grad` discards: a training step's
-  logits-sized cast among them), so the memory model must not count them. Value ids
-  stay; nodes are renumbered in their order."""
-  needed = {x for x in program.outputs if not isinstance(x, Const)}
-  kept = []
-  for node in reversed(program.nodes):
-    if node.effects or any(o in needed for o in node.outputs):
-      kept.append(node)
-      needed.update(node.operands)
-  if len(kept) == len(program.nodes):
+  """`program` less the top-level nodes `live_nodes` drops: the memory model must not
+  count them (a jaxpr keeps, e.g., the primal results `jax.grad` discards: a training
+  step's logits-sized cast among them). Value ids stay; nodes are renumbered in order."""
+  live = live_nodes(program)
+  if live.all():
     return program
-  nodes = tuple(dataclasses.replace(n, index=i) for i, n in enumerate(reversed(kept)))
-  dead = {o for n in program.nodes for o in n.outputs}.difference(*(n.outputs for n in nodes))
-  return Program(program.inputs, nodes, program.outputs,
-                 {v: a for v, a in program.avals.items() if v not in dead})
+  kept = [n for n in program.nodes if live[n.index]]
+  dead = {o for n in program.nodes if not live[n.index] for o in n.outputs}
+  return Program(program.inputs, tuple(dataclasses.replace(n, index=i) for i, n in enumerate(kept)),
+                 program.outputs, {v: a for v, a in program.avals.items() if v not in dead})
 
 
 def _per_node_table(ids_per_node: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray]:

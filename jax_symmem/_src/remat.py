@@ -53,7 +53,7 @@ from jax_symmem._src.decider import Decider, DecisionCounts
 from jax_symmem._src.flops import FLOP_RULES, at_dims, flops, scan_length  # noqa: F401  (re-exported)
 from jax_symmem._src.poly import ZERO, Poly
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.ir import Const, Node, Program, layer_scope, source_label
+from jax_symmem._src.ir import Const, Node, Program, layer_scope, live_nodes, source_label
 from jax_symmem._src.layers import layer_calls
 
 # --- per-primitive rules ------------------------------------------------------------
@@ -725,23 +725,6 @@ def _varying(avals, v) -> frozenset:
   return frozenset() if v is None else tracing.aval_varying_axes(avals[v])
 
 
-def _live_nodes(program: Program) -> np.ndarray:
-  """Whether each node contributes to the outputs (or has effects): what XLA keeps."""
-  producer = {o: n for n in program.nodes for o in n.outputs}
-  live = np.zeros(len(program.nodes), bool)
-  stack = [x for x in program.outputs if not isinstance(x, Const)]
-  stack += [x for n in program.nodes if n.effects for x in n.operands]
-  for n in program.nodes:
-    if n.effects:
-      live[n.index] = True
-  while stack:
-    n = producer.get(stack.pop())
-    if n is not None and not live[n.index]:
-      live[n.index] = True
-      stack.extend(n.operands)
-  return live
-
-
 def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
   """`program` with a new trigger for each fence whose trigger copy no live node reads.
 
@@ -754,7 +737,7 @@ def _revive_triggers(program: Program, order: Sequence[int]) -> Program:
   more element: the trigger `_Triggers` picks there among the reads of live nodes,
   whose later live reads take the new copy. The old element stays (dead nodes may
   still name it; XLA drops it)."""
-  live = _live_nodes(program)
+  live = live_nodes(program)
   fences = [n for n in program.nodes if live[n.index] and n.name == "optimization_barrier"
             and n.source.startswith(FENCE_SOURCE)]
   if not fences:
