@@ -398,6 +398,45 @@ def test_ops_of_library_jits_are_named_by_the_line_that_called_them():
   assert f"test_tracing.py:{lines['take']}" in labels["gather"], labels["gather"]
 
 
+def test_ops_of_library_jits_are_named_by_the_layer_that_called_them():
+  # A jit traces its body under an empty name stack: jax.nn.silu's ops (a jit inside JAX)
+  # would name no layer, and a layer's activation would join no layer group. They take
+  # the scope of the call, forward and backward; a jit inside a jit, the outermost named.
+  import flax.linen as nn
+  from jax_symmem._src.ir import layer_scope
+
+  @jax.jit
+  def outer_jit(x):
+    return jax.nn.silu(x) * 2.0   # the jit of silu inside another jit
+
+  class Block(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      return nn.Dense(8)(outer_jit(nn.Dense(8)(x)))
+
+  class Model(nn.Module):
+    @nn.compact
+    def __call__(self, x):
+      for i in range(2):
+        x = Block(name=f"layer_{i}")(x)
+      return jax.nn.silu(x).sum()   # outside any layer
+
+  model = Model()
+  params = model.init(jax.random.PRNGKey(0), jnp.ones((2, 8)))
+  traced = symmem.trace(jax.grad(model.apply), params, jnp.ones((2, 8)),
+                        polymorphic_shapes=(None, "b, _"))
+  scopes = [layer_scope(n.source) for _, n in traced.program.walk() if n.name == "logistic"]
+  assert sorted(map(str, scopes)) == ["None", "layer_0", "layer_1"], scopes
+  line = next(k for k, text in enumerate(open(__file__), 1) if "# the jit of silu inside" in text)
+  inside = [(n.name, layer_scope(n.source)) for _, n in traced.program.walk()
+            if f"test_tracing.py:{line}:" in n.source]
+  # silu's forward and backward ops in both layers (its derivative's sub and muls), each
+  # named by its layer
+  for layer in ("layer_0", "layer_1"):
+    assert {"logistic", "sub", "mul"} <= {name for name, sc in inside if sc == layer}, inside
+  assert {sc for _, sc in inside} == {"layer_0", "layer_1"}, inside
+
+
 def test_a_table_sliced_by_a_length_asks_for_the_bound_that_makes_it_trace():
   # GPT-2 / GPT-Neo style: a causal mask sliced from a fixed table. Without a bound,
   # jax.export sizes the slice min(16, s), which is not s; the advice names the

@@ -235,6 +235,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
         return True
       if not live_at(a, u):
         return False
+      if layers is not None and a in layers.next_inputs:
+        return True   # a layer's input stays: a recomputed copy would only sit beside it
       return not prefer_recompute or size_at(a) <= limit
     sub = _regeneration(program, producer, v, anchor,
                         lambda i: node_flops(graph, program.nodes[i]),
@@ -314,17 +316,18 @@ class _LayerReads:
   layer: collections.abc.Callable[[int], str | None]   # node index -> layer, or None
   original: frozenset[int]         # forward nodes not made by a recomputation
   read_elsewhere: frozenset[int]   # candidates a forward node of another layer (or none) reads
-  next_inputs: frozenset[int]      # candidates a layer makes and another layer's forward reads
+  next_inputs: frozenset[int]      # candidates a layer's forward reads, made outside that layer
 
 
 def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _LayerReads:
   """The layers of the forward pass (`ir.layer_scope`, or `layers.layer_calls` where one
   scope runs once per layer or none names them) and what crosses between them.
 
-  A value a layer makes and a later layer's forward reads is that layer's input: per-layer
-  checkpointing keeps it, and evicted on its own (a layer's output regenerated through the
-  whole layer) it leaves the regenerations of later rounds nothing to start from but the
-  layers before (the record: "A later layer's input stays")."""
+  A value a layer's forward reads and another layer made, or none (a UNet's concatenated
+  skip, an embedding), is that layer's input: per-layer checkpointing keeps it, and evicted
+  on its own (a layer's output regenerated through the whole layer) it leaves the
+  regenerations of later rounds nothing to start from but the layers before (the record:
+  "A later layer's input stays"; "A diffusion UNet's reach")."""
   nodes = program.nodes
   original = frozenset(i for i in set(forward_node.tolist())
                        if not nodes[i].source.endswith(RECOMPUTED))
@@ -337,7 +340,7 @@ def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _L
     reader, made_in = layer(i), layer(producer[v])
     if reader != made_in:
       read_elsewhere.add(v)
-      if reader is not None and made_in is not None and i in original:
+      if reader is not None and i in original:
         next_inputs.add(v)
   return _LayerReads(layer, original, frozenset(read_elsewhere), frozenset(next_inputs))
 

@@ -168,14 +168,15 @@ def scan_counts(params: Mapping[str, Any]) -> tuple[int, int]:
   return len(consts), len(carries)
 
 
-def _source(eqn, outside: str = "") -> str:
+def _source(eqn, outside: str = "", outside_scope: str = "") -> str:
   """Where the user wrote the op: the innermost frame outside JAX and installed libraries
   (a flax LayerNorm's ops point at the line that called it, not into flax), and the
   name scope with transformations dropped ("Block_3/LayerNorm_0" for flax modules).
-  `outside`: the line of the call that an inlined jit body came from, for its ops whose
-  own tracebacks hold no user frame (jnp.take's or jax.nn.silu's, traced in their jit)."""
+  `outside`, `outside_scope`: the line and the name stack of the call that an inlined
+  body came from, for its ops whose own hold none: a jit traces its body under an empty
+  name stack, so jax.nn.silu's ops inside a layer would name no layer."""
   where = _where(eqn.source_info.traceback) or outside
-  scope = _scope(str(eqn.source_info.name_stack))
+  scope = _scope(str(eqn.source_info.name_stack) or outside_scope)
   return where + (f" @ {scope}" if scope else "")
 
 
@@ -317,21 +318,23 @@ class _Flattener:
       return Const(v.val, v.aval)
     return env[v]
 
-  def _emit(self, eqns, env, avals, nodes, outside: str = "") -> None:
-    """Appends `eqns` to `nodes`, inlining call primitives; `outside`: `_source`'s."""
+  def _emit(self, eqns, env, avals, nodes, outside: str = "", outside_scope: str = "") -> None:
+    """Appends `eqns` to `nodes`, inlining call primitives; `outside`, `outside_scope`:
+    `_source`'s."""
     for eqn in eqns:
       ins = [self._read(env, v) for v in eqn.invars]
       rule = _INLINE_RULES.get(eqn.primitive.name)
       if rule is not None:
         body, consts = rule(eqn.params)
-        ins = self._checkpoint_fence(eqn, ins, avals, nodes, outside)
+        ins = self._checkpoint_fence(eqn, ins, avals, nodes, outside, outside_scope)
         inner_env: dict[Any, Operand] = {}
         for v, c in zip(body.constvars, consts):
           inner_env[v] = Const(c, v.aval)
         for v, x in zip(body.invars, ins):
           inner_env[v] = x
         self._emit(body.eqns, inner_env, avals, nodes,
-                   _where(eqn.source_info.traceback) or outside)
+                   _where(eqn.source_info.traceback) or outside,
+                   str(eqn.source_info.name_stack) or outside_scope)
         for outer, inner in zip(eqn.outvars, body.outvars):
           if not isinstance(outer, _jax_core.DropVar):
             env[outer] = self._read(inner_env, inner)
@@ -349,10 +352,11 @@ class _Flattener:
         if not isinstance(v, _jax_core.DropVar):
           env[v] = i
       nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
-                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn, outside),
+                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn, outside, outside_scope),
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
 
-  def _checkpoint_fence(self, eqn, ins, avals, nodes, outside: str) -> list[Operand]:
+  def _checkpoint_fence(self, eqn, ins, avals, nodes, outside: str, outside_scope: str
+                        ) -> list[Operand]:
     """The operands of an inlined `jax.checkpoint` region, fenced as JAX lowers it.
 
     A region that recomputes in the backward pass (`differentiated`, `prevent_cse`)
@@ -376,7 +380,7 @@ class _Flattener:
       outs.append(i)
     nodes.append(Node(index=len(nodes), primitive=_OPTIMIZATION_BARRIER,
                       params={}, inputs=tuple(ins[k] for k in fenced), outputs=tuple(outs),
-                      source=_source(eqn, outside) + " [jax.checkpoint fence]"))
+                      source=_source(eqn, outside, outside_scope) + " [jax.checkpoint fence]"))
     ins = list(ins)
     for k, o in zip(fenced, outs):
       ins[k] = o
