@@ -535,7 +535,7 @@ def _post_norm_step(params, x):
   return jax.grad(loss)(params)
 
 
-def test_a_layers_output_that_the_next_layer_reads_is_not_evicted_alone():
+def test_a_layers_input_stays_while_a_layer_is_left_to_evict_whole():
   from jax_symmem._src.ir import layer_scope
   params = {f"layer_{i}": _PostNormBlock().init(jax.random.PRNGKey(i), jnp.zeros((1, 2, 16)))
             ["params"] for i in range(3)}
@@ -569,6 +569,17 @@ def test_a_layers_output_that_the_next_layer_reads_is_not_evicted_alone():
       for o in program.nodes[i].outputs:
         assert not (o in boundaries and last_read[o] >= position[r.consumer]), (r, o)
   assert any(set(r.anchors) & boundaries for r in members)
+  # Once every layer is evicted whole, a layer's input is offered alone (checkpoints
+  # further apart than per-layer checkpointing's).
+  rnd = remat.first_round(graph, order)
+  for _ in range(8):
+    plan = remat.plan(rnd.graph, rnd.order, program=rnd.program, layer_groups=True)
+    groups = [x for x in plan.regions if isinstance(x, remat.RegionGroup)]
+    if not groups:
+      break
+    rnd = remat.apply_round(rnd, list(groups[0].regions))
+  assert not groups and rnd.regions
+  assert {x.value for x in plan.regions if isinstance(x, remat.Region)} & boundaries
 
 
 @pytest.mark.slow   # test_a_layer_group_evicts_the_layers_residuals_and_recomputes_the_layer_once

@@ -26,7 +26,8 @@ A layer's residuals are offered as one candidate (`RegionGroup`, unless `LAYER_G
 is off), in place of each alone: regenerated together behind one fence from the layer's
 input, as `jax.checkpoint` on the layer does (experiments/RESULTS.md, "Models as people write
 them"). So a round evicts a whole layer or values outside any layer, and its recomputation is per-layer
-checkpointing's on the layers it evicts.
+checkpointing's on the layers it evicts. The layers' inputs stay while a layer is left to
+evict whole; then each is offered alone, regenerated through its layer.
 """
 
 from __future__ import annotations
@@ -224,10 +225,16 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   forward = read_pos <= peak_pos
   layers = (_layer_reads(program, candidates, producer, read_node[forward], read_val[forward])
             if layer_groups else None)
+  groups = (_layer_groups(graph, program, order, candidates, producer, live_at, inputs, layers,
+                          node_flops) if layers is not None else [])
+  # While a layer is left to evict whole, the layers' inputs stay, as jax.checkpoint on
+  # each layer keeps them; after, each is offered alone (a layer's output regenerated
+  # through its layer: checkpoints further apart).
+  kept = layers.next_inputs if groups else frozenset()
   regions = []
   for v, u in candidates.items():
-    if layers is not None and v in layers.next_inputs:
-      continue   # a later layer's input stays, as jax.checkpoint on each layer keeps it
+    if v in kept:
+      continue
     limit = size_at(v) // 2
     def anchor(a, prefer_recompute):
       """Whether the regeneration of v reads `a` instead of recomputing it."""
@@ -235,8 +242,8 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
         return True
       if not live_at(a, u):
         return False
-      if layers is not None and a in layers.next_inputs:
-        return True   # a layer's input stays: a recomputed copy would only sit beside it
+      if a in kept:
+        return True   # it stays: a recomputed copy would only sit beside it
       return not prefer_recompute or size_at(a) <= limit
     sub = _regeneration(program, producer, v, anchor,
                         lambda i: node_flops(graph, program.nodes[i]),
@@ -248,9 +255,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
     cost = node_flops.cost(graph, [program.nodes[i] for i in nodes])
     regions.append(Region(v, order[u], tuple(sorted(nodes, key=pos.__getitem__)), anchors,
                           graph.bytes(v), cost, program.nodes[producer[v]].source))
-  if layers is not None:
-    groups = _layer_groups(graph, program, order, candidates, producer, live_at, inputs, layers,
-                           node_flops)
+  if groups:
     grouped = {r.value for g in groups for r in g.regions}
     regions = [r for r in regions if r.value not in grouped] + groups
   regions += _loop_candidates(graph, pos, read_val, read_pos, peak_pos, loops or {}, env,
@@ -325,9 +330,9 @@ def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _L
 
   A value a layer's forward reads and another layer made, or none (a UNet's concatenated
   skip, an embedding), is that layer's input: per-layer checkpointing keeps it, and evicted
-  on its own (a layer's output regenerated through the whole layer) it leaves the
-  regenerations of later rounds nothing to start from but the layers before (the record:
-  "A later layer's input stays"; "A diffusion UNet's reach")."""
+  on its own (a layer's output regenerated through the whole layer) while layers are left
+  to evict whole, it leaves their regenerations nothing to start from but the layers before
+  (the record: "A later layer's input stays"; "A diffusion UNet's reach")."""
   nodes = program.nodes
   original = frozenset(i for i in set(forward_node.tolist())
                        if not nodes[i].source.endswith(RECOMPUTED))
