@@ -230,7 +230,7 @@ def plan(graph: ShapeGraph, order: Sequence[int], *, program: Program | None = N
   # While a layer is left to evict whole, the layers' inputs stay, as jax.checkpoint on
   # each layer keeps them; after, each is offered alone (a layer's output regenerated
   # through its layer: checkpoints further apart).
-  kept = layers.next_inputs if groups else frozenset()
+  kept = layers.layer_inputs if groups else frozenset()
   regions = []
   for v, u in candidates.items():
     if v in kept:
@@ -321,7 +321,7 @@ class _LayerReads:
   layer: collections.abc.Callable[[int], str | None]   # node index -> layer, or None
   original: frozenset[int]         # forward nodes not made by a recomputation
   read_elsewhere: frozenset[int]   # candidates a forward node of another layer (or none) reads
-  next_inputs: frozenset[int]      # candidates a layer's forward reads, made outside that layer
+  layer_inputs: frozenset[int]      # candidates a layer's forward reads, made outside that layer
 
 
 def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _LayerReads:
@@ -338,7 +338,7 @@ def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _L
                        if not nodes[i].source.endswith(RECOMPUTED))
   calls = layer_calls(nodes, original, {producer[v] for v in candidates})
   layer = lambda i: calls.get(i) or layer_scope(nodes[i].source)
-  read_elsewhere, next_inputs = set(), set()
+  read_elsewhere, layer_inputs = set(), set()
   for i, v in zip(forward_node.tolist(), forward_val.tolist()):
     if v not in candidates:
       continue
@@ -346,8 +346,8 @@ def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _L
     if reader != made_in:
       read_elsewhere.add(v)
       if reader is not None and i in original:
-        next_inputs.add(v)
-  return _LayerReads(layer, original, frozenset(read_elsewhere), frozenset(next_inputs))
+        layer_inputs.add(v)
+  return _LayerReads(layer, original, frozenset(read_elsewhere), frozenset(layer_inputs))
 
 
 def _layer_groups(graph, program, order, candidates, producer, live_at, inputs,

@@ -352,7 +352,8 @@ class _Flattener:
         if not isinstance(v, _jax_core.DropVar):
           env[v] = i
       nodes.append(Node(index=len(nodes), primitive=eqn.primitive, params=dict(eqn.params),
-                        inputs=tuple(ins), outputs=tuple(outs), source=_source(eqn, outside, outside_scope),
+                        inputs=tuple(ins), outputs=tuple(outs),
+                        source=_source(eqn, outside, outside_scope),
                         effects=frozenset(eqn.effects), subprograms=tuple(subprograms)))
 
   def _checkpoint_fence(self, eqn, ins, avals, nodes, outside: str, outside_scope: str
