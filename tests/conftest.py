@@ -10,14 +10,21 @@ multiply-adds), and every comparison in the tests compiles both sides in this pr
 At level 0, XLA:CPU compiles a train step ~2.5x faster (~1.3 vs ~3.3 s on 2 cores), and
 compiling is most of the tests' time on CPU: the fast tier's CPU time 433 -> 233 s.
 
-Set before JAX creates its backend (this file is imported before any test module).
+Set before JAX creates its backend (this file is imported before any test module, and by
+pytest-xdist's controller before it starts the workers, which inherit the environment).
 Only where the tests run on CPU alone (JAX_PLATFORMS=cpu, or no GPU/TPU plugin
 installed), and not where XLA_FLAGS already sets the level; set
 JAX_SYMMEM_TEST_XLA_DEFAULT_OPT=1 to compile as XLA does by default.
+
+The session also gets a directory for the results of subprocess runs that several tests
+read (tests/host_devices.py: `shared`), removed at its end.
 """
 
+import atexit
 import importlib.util
 import os
+import shutil
+import tempfile
 
 _FLAG = "--xla_backend_optimization_level"
 
@@ -34,3 +41,8 @@ def _cpu_only() -> bool:
 if (_cpu_only() and not os.environ.get("JAX_SYMMEM_TEST_XLA_DEFAULT_OPT")
     and _FLAG not in os.environ.get("XLA_FLAGS", "")):
   os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {_FLAG}=0".strip()
+
+if "JAX_SYMMEM_TEST_SHARED_DIR" not in os.environ and not os.environ.get("PYTEST_XDIST_WORKER"):
+  _shared = tempfile.mkdtemp(prefix="jax_symmem_tests_shared_")
+  atexit.register(shutil.rmtree, _shared, ignore_errors=True)
+  os.environ["JAX_SYMMEM_TEST_SHARED_DIR"] = _shared

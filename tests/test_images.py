@@ -34,8 +34,9 @@ def _symmem_step(example, cfg, remat_policy=None, memory_budget=None):
 
 
 # The fast tier runs the ResNet (convolutions, batch norm, the aspect ratio changing
-# between shapes); the ViT (a conv patch embedding, then scanned encoder blocks, each
-# also covered by the ResNet and the scanned Llama's fast tests) compiles for 13 s here.
+# between shapes) and the UNet at one shape (its compiles took 14 s of the fast tier at
+# two); the ViT (a conv patch embedding, then scanned encoder blocks, each also covered
+# by the ResNet and the scanned Llama's fast tests) compiles for 13 s here.
 @pytest.mark.parametrize("remat_policy", [None, pytest.param("layer", marks=pytest.mark.slow)])
 @pytest.mark.parametrize("example", ["resnet", "unet", pytest.param("vit", marks=pytest.mark.slow)])
 def test_a_step_without_a_budget_is_jax_jit(example, remat_policy):
@@ -43,7 +44,8 @@ def test_a_step_without_a_budget_is_jax_jit(example, remat_policy):
   state = module.init_state(cfg)
   step = _symmem_step(example, cfg, remat_policy)
   reference = jax.jit(module.train_step_fn(model(cfg, remat_policy)))
-  for b, height, width in SHAPES:
+  shapes = SHAPES[:1] if (example, remat_policy) == ("unet", None) else SHAPES
+  for b, height, width in shapes:
     args = (state, *module.example_batch(cfg, b, height, width))
     chex.assert_trees_all_equal(step(*args), reference(*args))
     assert step.last_call["dims"] == {"b": b, "h": height // 8, "w": width // 8}

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from jax_symmem._src import device
+from tests import host_devices
 
 TIMEOUT_S = 600   # both processes together; ~45 CPU-s each (113-218 s wall at load average 8-13)
 
@@ -38,13 +39,14 @@ def _run() -> dict:
 
 @functools.lru_cache(maxsize=None)
 def _run_once():
-  try:
-    return _launch(), None
+  try:   # once per test session, whichever xdist worker asks first
+    records = host_devices.shared("multiprocess_llama", _launch)
   except AssertionError as e:
     return None, e
+  return {(r["layout"], r["process"]): r for r in records}, None
 
 
-def _launch() -> dict:
+def _launch() -> list[dict]:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu")
@@ -70,7 +72,7 @@ def _launch() -> dict:
           p.kill()
           p.wait()
           killed.add(i)
-    records = {}
+    records = []
     # The process that failed on its own first: its error is the cause.
     for i in sorted(range(len(procs)), key=lambda i: i in killed):
       p, (out, err) = procs[i], logs[i]
@@ -81,8 +83,7 @@ def _launch() -> dict:
                                  f"{p.returncode}:\n{stderr[-4000:]}")
       for line in stdout.splitlines():
         if line.startswith("{"):
-          r = json.loads(line)
-          records[r["layout"], r["process"]] = r
+          records.append(json.loads(line))
   return records
 
 

@@ -143,7 +143,8 @@ def test_scan_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_j
   _every_round_equals_jax_jit(analysis, step, opt, 2)
 
 
-@pytest.mark.parametrize("rate", [0.0, 0.5])   # every layer run; (seed 0) two of three skipped
+# (seed 0) two of three layers skipped; in the slow tier also every layer run.
+@pytest.mark.parametrize("rate", [pytest.param(0.0, marks=pytest.mark.slow), 0.5])
 def test_cond_pairs_inside_a_shard_map_body_are_planned_and_every_round_equals_jax_jit(rate):
   # LayerDrop (a lax.cond per layer) inside the merged shard_map: AD passes each cond's
   # index from the forward body to the backward one reshaped to (1,) and back, read as
