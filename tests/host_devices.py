@@ -6,7 +6,9 @@ XLA_FLAGS=--xla_force_host_platform_device_count=N and reads the JSON lines it p
 
 Host devices share this machine's cores: a collective waits for the device that is
 still computing, and XLA:CPU ends the process when one waits 40 s (seen with 8 devices on
-2 busy cores, jax 0.12.0.1); the subprocess allows 10 minutes instead.
+2 busy cores, jax 0.12.0.1); the subprocess allows 10 minutes instead. It keeps the rest
+of the test process's XLA_FLAGS (conftest.py's LLVM level 0: the 8-device Llama run took
+46 s at XLA's default level, 35 s at 0).
 
 The tests that read one such run may land on different pytest-xdist workers; the first
 to ask runs it and the others wait for its result (`shared`), so it runs once per test
@@ -51,10 +53,16 @@ def run_json(module: str, devices: int, timeout: int = 900) -> list[dict]:
   return shared(f"{module}-{devices}", lambda: _run_json(module, devices, timeout))
 
 
+def xla_flags(devices: int, *extra: str) -> str:
+  """This process's XLA_FLAGS with `devices` host devices instead of its own count."""
+  kept = [f for f in os.environ.get("XLA_FLAGS", "").split()
+          if not f.startswith("--xla_force_host_platform_device_count")]
+  return " ".join([*kept, f"--xla_force_host_platform_device_count={devices}", *extra])
+
+
 def _run_json(module: str, devices: int, timeout: int) -> list[dict]:
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={devices} "
-                       "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(
+      devices, "--xla_cpu_collective_call_terminate_timeout_seconds=600"))
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   proc = subprocess.run([sys.executable, "-m", module], cwd=root, env=env,
                         capture_output=True, text=True, timeout=timeout)

@@ -42,3 +42,12 @@ def test_without_a_shared_directory_every_call_computes(monkeypatch):
   for _ in range(2):
     assert host_devices.shared("run", lambda: calls.append(1) or len(calls)) == len(calls)
   assert len(calls) == 2
+
+
+def test_a_subprocess_keeps_the_sessions_xla_flags_with_its_own_device_count(monkeypatch):
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_optimization_level=0 "
+                                  "--xla_force_host_platform_device_count=2")
+  assert host_devices.xla_flags(8, "--x=1").split() == [
+      "--xla_backend_optimization_level=0", "--xla_force_host_platform_device_count=8", "--x=1"]
+  monkeypatch.delenv("XLA_FLAGS")
+  assert host_devices.xla_flags(4) == "--xla_force_host_platform_device_count=4"

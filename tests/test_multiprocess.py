@@ -48,8 +48,7 @@ def _run_once():
 
 def _launch() -> list[dict]:
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
-             JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=host_devices.xla_flags(4), JAX_PLATFORMS="cpu")
   port = _free_port()
   with tempfile.TemporaryDirectory() as tmp:
     procs, logs = [], []
