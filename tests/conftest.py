@@ -18,13 +18,21 @@ JAX_SYMMEM_TEST_XLA_DEFAULT_OPT=1 to compile as XLA does by default.
 
 The session also gets a directory for the results of subprocess runs that several tests
 read (tests/host_devices.py: `shared`), removed at its end.
+
+After each test module JAX's caches are cleared: the programs a module traced and compiled
+are not needed by the next, and kept they grew a worker's heap to ~1.7 M objects by the
+end of the slow tier, which every full garbage collection walks (symmem.jit's under a
+budget among them).
 """
 
 import atexit
+import gc
 import importlib.util
 import os
 import shutil
 import tempfile
+
+import pytest
 
 _FLAG = "--xla_backend_optimization_level"
 
@@ -46,3 +54,11 @@ if "JAX_SYMMEM_TEST_SHARED_DIR" not in os.environ and not os.environ.get("PYTEST
   _shared = tempfile.mkdtemp(prefix="jax_symmem_tests_shared_")
   atexit.register(shutil.rmtree, _shared, ignore_errors=True)
   os.environ["JAX_SYMMEM_TEST_SHARED_DIR"] = _shared
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _clear_jax_caches_after_the_module():
+  yield
+  import jax   # imported here: the XLA_FLAGS above must be set before JAX starts
+  jax.clear_caches()
+  gc.collect()
