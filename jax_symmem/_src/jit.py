@@ -388,6 +388,7 @@ class SymmemFunction:
       if entry is not None:
         return entry
       entry = _Entry(analysis=None)
+      budget = self._budget()
       try:
         if self._jit_kwargs:
           raise NotImplementedError(
@@ -398,7 +399,7 @@ class SymmemFunction:
         entry.arg_splits = tuple(math.prod(d) for d in divisors or ())
         entry.analysis = analysis_lib.analyze_function(
             bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
-            constraints=self._constraints, memory_budget=self._budget(),
+            constraints=self._constraints, memory_budget=budget,
             argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
@@ -417,7 +418,7 @@ class SymmemFunction:
         # older code left in cycles does not count against it either; without one a full
         # collection only costs time (it walks every object of the process: ~0.3 s per
         # new step in the fast test tier, 19 s of its CPU time for 67 steps).
-        gc.collect(2 if self._budget() is not None else 1)
+        gc.collect(2 if budget is not None else 1)
       self._entries[static_key] = entry
       return entry
 

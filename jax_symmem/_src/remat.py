@@ -321,7 +321,7 @@ class _LayerReads:
   layer: collections.abc.Callable[[int], str | None]   # node index -> layer, or None
   original: frozenset[int]         # forward nodes not made by a recomputation
   read_elsewhere: frozenset[int]   # candidates a forward node of another layer (or none) reads
-  layer_inputs: frozenset[int]      # candidates a layer's forward reads, made outside that layer
+  layer_inputs: frozenset[int]     # candidates a layer's forward reads, made outside that layer
 
 
 def _layer_reads(program, candidates, producer, forward_node, forward_val) -> _LayerReads:
