@@ -87,11 +87,17 @@ def _launch() -> list[dict]:
 
 
 # Two processes compiling a step each take about a minute of CPU: the slow tier, which
-# .ci/run runs after the fast one. The fast tier checks the agreement's parts below.
+# .ci/run runs after the fast one. The fast tier checks the agreement's parts below. One
+# test, a subtest per layout: both layouts come from one run (host_devices.shared), and as
+# two tests on two xdist workers one could wait for the other's run.
 @pytest.mark.slow
-@pytest.mark.parametrize("layout", ["data", "tensor"])
-def test_processes_dispatch_the_same_variants_and_match_jax_jit(layout):
-  p0, p1 = _run()[layout, 0], _run()[layout, 1]
+def test_processes_dispatch_the_same_variants_and_match_jax_jit(subtests):
+  for layout in ("data", "tensor"):
+    with subtests.test(layout=layout):
+      _check_agreement(_run()[layout, 0], _run()[layout, 1])
+
+
+def _check_agreement(p0, p1):
   decision = lambda c: (c["b"], c["s"], c["round"], c["reserved"], c["budget"], c["xla_bytes"])
   assert [decision(c) for c in p0["calls"]] == [decision(c) for c in p1["calls"]]
   assert p0["variants"] == p1["variants"]     # (b, s, round, XLA bytes, memory options)
