@@ -5,7 +5,6 @@ tests/multiprocess_llama.py makes the processes' local live-memory readings
 differ on purpose; here both processes' records are compared.
 """
 
-import functools
 import json
 import os
 import socket
@@ -27,23 +26,6 @@ def _free_port() -> int:
   with socket.socket() as s:
     s.bind(("127.0.0.1", 0))
     return s.getsockname()[1]
-
-
-def _run() -> dict:
-  """{(layout, process id): the worker's JSON record}; a failure is raised again, not rerun."""
-  records, error = _run_once()
-  if error is not None:
-    raise error
-  return records
-
-
-@functools.lru_cache(maxsize=None)
-def _run_once():
-  try:   # once per test session, whichever xdist worker asks first
-    records = host_devices.shared("multiprocess_llama", _launch)
-  except AssertionError as e:
-    return None, e
-  return {(r["layout"], r["process"]): r for r in records}, None
 
 
 def _launch() -> list[dict]:
@@ -92,9 +74,12 @@ def _launch() -> list[dict]:
 # two tests on two xdist workers one could wait for the other's run.
 @pytest.mark.slow
 def test_processes_dispatch_the_same_variants_and_match_jax_jit(subtests):
+  # Once per test session, whichever xdist worker asks first.
+  records = host_devices.shared("multiprocess_llama", _launch)
+  by_process = {(r["layout"], r["process"]): r for r in records}
   for layout in ("data", "tensor"):
     with subtests.test(layout=layout):
-      _check_agreement(_run()[layout, 0], _run()[layout, 1])
+      _check_agreement(by_process[layout, 0], by_process[layout, 1])
 
 
 def _check_agreement(p0, p1):

@@ -1,7 +1,6 @@
 """Steps written with `jax.shard_map`: per-device sizes, the forward/backward shard_map
 pairs AD makes, and their rounds against jax.jit (tests/shard_map_steps.py)."""
 
-
 import jax
 from jax.sharding import AbstractMesh, Mesh
 import numpy as np

@@ -1,6 +1,5 @@
 """Sharded steps: per-device sizes (propagation rules) and symmem.jit with shardings on 8 devices."""
 
-
 import chex
 import jax
 import jax.numpy as jnp
