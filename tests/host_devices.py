@@ -7,8 +7,8 @@ XLA_FLAGS=--xla_force_host_platform_device_count=N and reads the JSON lines it p
 Host devices share this machine's cores: a collective waits for the device that is
 still computing, and XLA:CPU ends the process when one waits 40 s (seen with 8 devices on
 2 busy cores, jax 0.12.0.1); the subprocess allows 10 minutes instead. It keeps the rest
-of the test process's XLA_FLAGS (conftest.py's LLVM level 0: the 8-device Llama run took
-46 s at XLA's default level, 35 s at 0).
+of the test process's XLA_FLAGS (conftest.py's LLVM level 0: two of the 8-device Llama's
+four layouts took 46 s at XLA's default level, 35 s at 0).
 
 The tests that read one such run may land on different pytest-xdist workers; the first
 to ask runs it and the others wait for its result (`shared`), so it runs once per test
