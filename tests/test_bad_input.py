@@ -97,13 +97,20 @@ def test_constraint_on_a_dim_no_argument_has():
     g(jnp.ones((2, 40)))   # k = 5
 
 
-def test_wrong_pytree_structure():
-  f = symmem.jit(lambda p, x: p["w"] * x, polymorphic_shapes=(None, "n"))
-  f({"w": jnp.ones(())}, jnp.ones(3))
-  with pytest.raises(symmem.ShapeError, match=r"traced for arguments with structure .*'w'.* but got"):
-    f({"v": jnp.ones(())}, jnp.ones(3))
-  with pytest.raises(symmem.ShapeError, match="traced for arguments with structure"):
-    f({"w": jnp.ones(())}, [jnp.ones(3)])
+def test_another_pytree_structure_is_traced_anew_as_jax_jit_does():
+  # jax.jit traces once per structure of its arguments; so does symmem.jit (and plans once).
+  f = lambda p, x: sum(v * x for v in jax.tree_util.tree_leaves(p))
+  g = symmem.jit(f, polymorphic_shapes=(None, "n"))
+  for p, n in (({"w": jnp.ones(())}, 3), ({"w": jnp.ones(()), "v": 2 * jnp.ones(())}, 3),
+               ({"w": jnp.ones(())}, 5), ([jnp.ones(())], 4)):
+    np.testing.assert_allclose(g(p, jnp.arange(n, dtype=jnp.float32)),
+                               jax.jit(f)(p, jnp.arange(n, dtype=jnp.float32)), rtol=1e-6)
+  assert g.cache_info()["compiles"] == 4 and len(g.calibration()) == 3   # three traced
+  # A structure the step cannot take: its own error, as jax.jit raises it.
+  h = symmem.jit(lambda p, x: p["w"] * x, polymorphic_shapes=(None, "n"))
+  h({"w": jnp.ones(())}, jnp.ones(3))
+  with pytest.raises(KeyError, match="'w'"):
+    h({"v": jnp.ones(())}, jnp.ones(3))
 
 
 # -- functions the planner cannot handle --------------------------------------------
@@ -398,10 +405,22 @@ def test_dtype_other_than_traced():
     noise(jnp.ones(3), jax.random.PRNGKey(0))
 
 
-def test_dynamic_keyword_argument():
-  g = symmem.jit(lambda x, y: x + y, polymorphic_shapes=("n", "n"))
-  with pytest.raises(TypeError, match="pass 'y' positionally or mark it static"):
-    g(jnp.ones(3), y=jnp.ones(3))
+def test_keyword_arguments_that_have_no_position_to_go_to():
+  # Dynamic keyword arguments go to their parameters' positions (test_jit's
+  # test_dynamic_arguments_by_keyword_take_their_positions_as_jax_jit_traces_them).
+  def step(w, x, scale=0.5, bias=None, *, y=None, **extra):
+    return x * scale
+  g = symmem.jit(step, polymorphic_shapes=(None, "n"))
+  x = jnp.ones(3)
+  with pytest.raises(TypeError, match=r"'bias' is passed by keyword.*'scale' before it is not "
+                     r"passed and its default \(0.5\) would become a traced argument"):
+    g(1.0, x, bias=x)
+  with pytest.raises(TypeError, match="'y' has no position among the step's parameters"):
+    g(1.0, x, y=x)
+  with pytest.raises(TypeError, match="'z' has no position"):
+    g(1.0, x, z=x)
+  with pytest.raises(TypeError, match="multiple values for argument 'x'"):   # Python's own
+    g(1.0, x, x=x)
 
 
 # -- donation and threads ------------------------------------------------------------

@@ -328,18 +328,19 @@ def test_shape_outside_the_constraints_names_dim_and_constraint():
     step(*_args(2, 200))
 
 
-def test_wrong_structure_and_dynamic_kwargs_are_clear_errors():
+def test_shape_specs_that_do_not_fit_and_a_batch_passed_by_keyword():
   params, tokens, mask = _args(2, 8)
   fresh = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
                      constraints=CONSTRAINTS)
   with pytest.raises(symmem.ShapeSpecError, match="do not fit the arguments"):
     fresh(params, tokens, mask, mask)   # before any trace: the shapes' structure
   step = _budgeted_step(None)
-  step.analyze(params, tokens, mask)    # traced for three arguments (whichever test ran first)
-  with pytest.raises(symmem.ShapeError, match="traced for arguments with structure"):
-    step(params, {"tokens": tokens}, mask)   # the same leaves in another structure
-  with pytest.raises(TypeError, match="static_argnames"):
-    step(params, tokens, mask=mask)
+  want = step(params, tokens, mask)
+  compiles = step.cache_info()["compiles"]
+  # By keyword, as jax.jit takes it: at its position, the same trace and executable.
+  chex.assert_trees_all_equal(step(params, tokens, mask=mask), want)
+  chex.assert_trees_all_equal(step(params, mask=mask, tokens=tokens), want)
+  assert step.cache_info()["compiles"] == compiles
 
 
 def test_untraceable_function_falls_back_to_jax_jit_with_one_warning(caplog):
@@ -428,6 +429,44 @@ def test_static_and_donated_arguments_by_name_or_position_as_jax_jit():
   new_w, _ = g(w, x)
   np.testing.assert_allclose(new_w, 2 * np.ones(2))
   assert w.is_deleted() and not x.is_deleted() and g.cache_info()["fallback_calls"] == 0
+
+
+def test_dynamic_arguments_by_keyword_take_their_positions_as_jax_jit_traces_them():
+  # As under jax.jit, an array argument may be passed by keyword: it goes to its
+  # parameter's position (with that position's shape spec), so calls either way share one
+  # trace and one executable per shape. A parameter skipped before it takes its default
+  # where that has no arrays (None); static keywords stay keywords; each pytree structure
+  # of the arguments is traced once, as jax.jit traces it. Specs may cover every parameter.
+  def step(w, x, mask=None, bias=None, scale=2.0):
+    y = jnp.tanh(x @ w) * scale
+    if mask is not None:
+      y = y * mask[:, None]
+    if bias is not None:
+      y = y + bias
+    return jnp.sum(y), w - 0.1 * jnp.mean(y)
+  ref = jax.jit(step, static_argnames="scale")
+  g = symmem.jit(step, polymorphic_shapes=(None, "b, _", "b", "_", None),
+                 static_argnames="scale", constraints=("b <= 64",))
+  w, bias = jnp.ones((3, 4)) / 3, jnp.arange(4.0)
+  X, M = object(), object()   # stand-ins for each shape's batch and mask
+  calls = [((), {"w": w, "x": X}), ((w,), {"x": X}), ((w, X), {}),                  # (w, x)
+           ((w, X), {"mask": M}), ((w,), {"x": X, "mask": M, "scale": 3.0}),       # + mask
+           ((w, X), {"bias": bias})]                                             # mask=None
+  for b in (5, 7):
+    x, m = jnp.linspace(0, 1, 3 * b).reshape(b, 3), jnp.arange(b, dtype=jnp.float32) % 2
+    fill = lambda a: x if a is X else m if a is M else a
+    for args, kwargs in calls:
+      args, kwargs = tuple(map(fill, args)), {k: fill(v) for k, v in kwargs.items()}
+      chex.assert_trees_all_close(g(*args, **kwargs), ref(*args, **kwargs), rtol=1e-5, atol=1e-6)
+      assert g.last_call["dims"] == {"b": b}
+  # Four traces ((w, x); with a mask; with a mask and scale 3; with a bias), each compiled
+  # at the two shapes; the first three calls at each shape share one executable.
+  info = g.cache_info()
+  assert (info["compiles"], info["hits"], info["fallback_calls"]) == (8, 4, 0)
+  d = symmem.jit(step, polymorphic_shapes=(None, "b, _"), donate_argnames="w")
+  w = jnp.ones((3, 4))
+  d(x=x, w=w)   # donated by name, passed by keyword
+  assert w.is_deleted() and not x.is_deleted()
 
 
 def test_fractional_budget_needs_a_device_limit():

@@ -110,10 +110,10 @@ def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple
   position, from `fun`'s signature, so a static argument may be passed either way."""
   argnums = {argnums} if isinstance(argnums, int) else set(argnums)
   argnames = [argnames] if isinstance(argnames, str) else list(argnames)
-  try:
-    params = list(inspect.signature(fun).parameters.values())
-  except (TypeError, ValueError):   # no signature (some builtins): as given
+  sig = signature(fun)
+  if sig is None:   # as given
     return tuple(sorted(argnums)), tuple(argnames)
+  params = list(sig.parameters.values())
   positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
   names = [p.name for p in positional]
   argnums |= {names.index(n) for n in argnames if n in names}
@@ -121,6 +121,55 @@ def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple
                and positional[i].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
                and positional[i].name not in argnames]
   return tuple(sorted(argnums)), tuple(argnames)
+
+
+def signature(fun) -> inspect.Signature | None:
+  """`fun`'s signature, or None where it has none (some builtins)."""
+  try:
+    return inspect.signature(fun)
+  except (TypeError, ValueError):   # no signature (some builtins)
+    return None
+
+
+def bind_keywords(sig: inspect.Signature | None, args: tuple, kwargs: dict,
+                  static_argnums=(), static_argnames=()) -> tuple[tuple, dict]:
+  """(args, kwargs) with each dynamic keyword argument at its parameter's position.
+
+  jax.jit traces keyword arguments as it traces positional ones. Here shape specs,
+  shardings and donation are given per position, so a dynamic keyword argument is
+  passed at the position Python would bind it to; the parameters between the
+  positional arguments and it take their keyword arguments, or their defaults where
+  that changes nothing jax.jit would trace: a static parameter's, or a default without
+  arrays (None). Static keyword arguments after the last dynamic one stay keywords."""
+  dynamic = [name for name in kwargs if name not in static_argnames]
+  if not dynamic:
+    return args, kwargs
+  if sig is None:
+    raise TypeError(f"the step's parameters cannot be read, so keyword arguments can only be "
+                    f"static_argnames; pass {dynamic[0]!r} positionally or mark it static")
+  sig.bind(*args, **kwargs)   # a call Python would refuse: Python's TypeError
+  params = list(sig.parameters.values())
+  position = {p.name: i for i, p in enumerate(params) if p.kind is p.POSITIONAL_OR_KEYWORD}
+  for name in dynamic:
+    if name not in position:
+      raise TypeError(
+          f"{name!r} has no position among the step's parameters (keyword-only, or taken "
+          "by **kwargs); shape specs, shardings and donation are per position, so a "
+          "dynamic argument needs one: pass it to a positional parameter, or mark it static")
+  args, kwargs = list(args), dict(kwargs)
+  for i in range(len(args), max(position[name] for name in dynamic) + 1):
+    p = params[i]
+    if p.name in kwargs:
+      args.append(kwargs.pop(p.name))
+    elif i in static_argnums or p.name in static_argnames or not jax.tree_util.tree_leaves(p.default):
+      args.append(p.default)
+    else:
+      later = next(name for name in dynamic if position[name] > i)
+      raise TypeError(
+          f"{later!r} is passed by keyword and goes to its position, but {p.name!r} before it "
+          f"is not passed and its default ({p.default!r}) would become a traced argument; "
+          f"pass {p.name!r} too, or mark it static")
+  return tuple(args), kwargs
 
 
 def _jax_jit_trace_error(fun: Callable, args) -> Exception | None:
@@ -159,6 +208,10 @@ class SymmemFunction:
     _check_jit_options(jit_kwargs)
     functools.update_wrapper(self, fun)
     self._fun = fun
+    self._signature = signature(fun)
+    self._positional_params = 0 if self._signature is None else sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in self._signature.parameters.values())
     self._shapes = polymorphic_shapes
     # Malformed constraints (or one string for a tuple of them) fail here, not at a call.
     self._constraints = constraints_lib.parse_constraints(constraints).source
@@ -187,11 +240,13 @@ class SymmemFunction:
 
   # -- public --
   def __call__(self, *args, **kwargs):
-    static_key, dyn_args, bound, traced = self._split(args, kwargs)
+    if kwargs:
+      args, kwargs = self._bind_keywords(args, kwargs)
+    static_key, dyn_args, flat, bound, traced = self._split(args, kwargs)
     if traced:
       return self._call_traced(args, kwargs)
     try:
-      entry = self._entry(static_key, bound, dyn_args)
+      entry = self._entry(static_key, bound, dyn_args, len(args))
     except ShapeSpecError:
       validation.check_arrays(self._caller(), dyn_args)   # a str or Python number: TypeError
       raise
@@ -199,10 +254,6 @@ class SymmemFunction:
       return self._call_fallback(entry, args, kwargs)
     analysis = entry.analysis
     traced = analysis.traced
-    flat, tree = jax.tree_util.tree_flatten(tuple(dyn_args))
-    if tree != traced.in_tree:
-      raise ShapeError(f"{traced.fun_name} was traced for arguments with structure "
-                       f"{traced.in_tree}, but got {tree}")
     if entry.spec_dtypes is None:
       entry.spec_dtypes = tuple(s.dtype for s in jax.tree_util.tree_leaves(traced.in_specs))
     if any(getattr(x, "dtype", None) != d for x, d in zip(flat, entry.spec_dtypes)):
@@ -273,8 +324,9 @@ class SymmemFunction:
 
   def analyze(self, *args, **kwargs) -> analysis_lib.Analysis:
     """The symbolic analysis for these (example) arguments."""
-    static_key, dyn_args, bound, _ = self._split(args, kwargs)
-    entry = self._entry(static_key, bound, dyn_args)
+    args, kwargs = self._bind_keywords(args, kwargs)
+    static_key, dyn_args, _, bound, _ = self._split(args, kwargs)
+    entry = self._entry(static_key, bound, dyn_args, len(args))
     if entry.analysis is None:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
     return entry.analysis
@@ -331,18 +383,21 @@ class SymmemFunction:
       self._resolved_budget = resolve_budget(self._budget_arg)
     return self._resolved_budget
 
+  def _bind_keywords(self, args, kwargs):
+    return bind_keywords(self._signature, args, kwargs, self._static_argnums,
+                         self._static_argnames)
+
   def _split(self, args, kwargs):
-    """(static key, dynamic arguments, the step bound to the static ones, traced): with
-    `traced` (tracers among the dynamic arguments: a call inside an enclosing
-    transformation, `_call_traced`) nothing else is read."""
-    dyn, leaves = tracing.scalars_as_arrays([a for i, a in enumerate(args)
-                                             if i not in self._static_argnums])
+    """(key, dynamic arguments, their leaves, the step bound to the static ones, traced):
+    with `traced` (tracers among the dynamic arguments: a call inside an enclosing
+    transformation, `_call_traced`) nothing else is read.
+
+    The key holds what jax.jit traces anew for: the static arguments, the dynamic ones'
+    pytree structure and weak types."""
+    dyn, leaves, treedef = tracing.scalars_as_arrays(
+        [a for i, a in enumerate(args) if i not in self._static_argnums])
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
-      return None, dyn, None, True
-    for name in kwargs:
-      if name not in self._static_argnames:
-        raise TypeError(f"symmem.jit supports keyword arguments only as static_argnames; "
-                        f"pass {name!r} positionally or mark it static")
+      return None, dyn, leaves, None, True
     static = tuple(args[i] for i in self._static_argnums if i < len(args))
     try:
       hash((static, tuple(sorted(kwargs.items()))))
@@ -350,7 +405,7 @@ class SymmemFunction:
       raise TypeError(f"static arguments must be hashable: {e}") from None
     # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
     weak = tuple(bool(getattr(x, "weak_type", False)) for x in leaves)
-    static_key = (static, tuple(sorted(kwargs.items())), weak)
+    static_key = (static, tuple(sorted(kwargs.items())), len(args), treedef, weak)
     # Closes over the static arguments only: the traced program keeps `bound`, and
     # holding the first call's arrays would keep them resident (and counted as
     # other live memory against the budget) for the life of the step.
@@ -359,7 +414,7 @@ class SymmemFunction:
       it = iter(dyn_args)
       return self._fun(*[statics[i] if i in statics else next(it) for i in range(nargs)], **kwargs)
     bound.__name__ = getattr(self._fun, "__name__", "function")
-    return static_key, dyn, bound, False
+    return static_key, dyn, leaves, bound, False
 
   def _donated_leaves(self, args) -> tuple[int, ...]:
     """Flat leaf positions of the donated positional arguments (static ones excluded)."""
@@ -375,13 +430,22 @@ class SymmemFunction:
       start += n
     return tuple(leaves)
 
-  def _dyn_shapes(self, nargs):
+  def _dyn_shapes(self, nargs: int):
+    """The shape specs of the dynamic arguments of a call with `nargs` positional ones.
+
+    Specs may be given per parameter, static ones included: those of parameters the call
+    leaves at their defaults (after its positional arguments) and of static ones are
+    dropped. Otherwise they are the dynamic arguments' own, as given."""
     shapes = self._shapes
-    if isinstance(shapes, (tuple, list)) and len(shapes) == nargs + len(self._static_argnums):
+    if not isinstance(shapes, (tuple, list)):
+      return shapes
+    if nargs < len(shapes) <= self._positional_params:
+      shapes = shapes[:nargs]
+    if len(shapes) == nargs:
       shapes = tuple(s for i, s in enumerate(shapes) if i not in self._static_argnums)
     return shapes
 
-  def _entry(self, static_key, bound, dyn_args) -> _Entry:
+  def _entry(self, static_key, bound, dyn_args, nargs: int) -> _Entry:
     """The entry for these static arguments, traced and analysed on first use."""
     with self._lock:
       entry = self._entries.get(static_key)
@@ -389,6 +453,10 @@ class SymmemFunction:
         return entry
       entry = _Entry(analysis=None)
       budget = self._budget()
+      if self._entries:   # as jax.jit retraces: each is traced and planned once
+        logging.info("jax_symmem: %s traced again: static arguments or the arguments' pytree "
+                     "structure or weak types not seen before (%d traced so far)",
+                     bound.__name__, len(self._entries))
       try:
         if self._jit_kwargs:
           raise NotImplementedError(
@@ -398,7 +466,7 @@ class SymmemFunction:
         divisors = sharding_lib.argument_divisors(self._in_shardings, dyn_args)
         entry.arg_splits = tuple(math.prod(d) for d in divisors or ())
         entry.analysis = analysis_lib.analyze_function(
-            bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(len(dyn_args)),
+            bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(nargs),
             constraints=self._constraints, memory_budget=budget,
             argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir)
       except (BudgetError, ShapeError, ValueError, TypeError):
@@ -648,7 +716,9 @@ def jit(fun: Callable | None = None, *, polymorphic_shapes=_NO_SHAPES, constrain
   Args:
     fun: the step function (or use as `@symmem.jit(polymorphic_shapes=...)`).
     polymorphic_shapes: shape specs as in `jax.export.symbolic_args_specs`
-      ("b, s"), one per positional argument (None for static or fully static args).
+      ("b, s"), one per positional argument (None for static or fully static args). A
+      dynamic argument passed by keyword goes to its parameter's position, with that
+      position's spec (`bind_keywords`).
     constraints: e.g. ("s <= 4096", "b <= 64", "s == 128*k").
     memory_budget: bytes, a size string ('200MiB', '6 GiB'), or a float in (0, 1] as a
       fraction of device memory; default the device's limit where known, otherwise no

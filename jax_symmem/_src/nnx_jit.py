@@ -31,15 +31,15 @@ class NnxFunction:
                       "on a pure step over nnx.split's state for those")
     functools.update_wrapper(self, fun)
     self._fun = fun
+    self._signature = jit_lib.signature(fun)
     self._shapes = tuple(polymorphic_shapes)
     self._jit_kwargs = jit_kwargs
     self._steps: dict[Any, jit_lib.SymmemFunction] = {}
     self.jitted: jit_lib.SymmemFunction | None = None   # that of the most recent call
 
   def __call__(self, *args, **kwargs):
-    if kwargs:
-      raise TypeError(f"{self.__name__}: symmem.nnx_jit passes positional arguments only; "
-                      f"got keyword arguments {sorted(kwargs)}")
+    if kwargs:   # each at its parameter's position, as symmem.jit binds them
+      args, _ = jit_lib.bind_keywords(self._signature, args, kwargs)
     if len(args) != len(self._shapes):
       raise ShapeSpecError(f"{self.__name__}: polymorphic_shapes has {len(self._shapes)} "
                            f"entries for {len(args)} positional arguments")

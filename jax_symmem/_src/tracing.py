@@ -940,16 +940,16 @@ def _check_ranks(args, specs) -> None:
           "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
 
 
-def scalars_as_arrays(tree) -> tuple[Any, list[Any]]:
-  """(tree, its leaves) with Python numbers as the weakly typed scalars `jax.jit` traces
-  them as (flax's `TrainState.create` keeps `step=0` a Python int); `tree` itself where
-  there is none. One flatten: `symmem.jit` runs this on every call."""
+def scalars_as_arrays(tree) -> tuple[Any, list[Any], Any]:
+  """(tree, its leaves, its structure) with Python numbers as the weakly typed scalars
+  `jax.jit` traces them as (flax's `TrainState.create` keeps `step=0` a Python int);
+  `tree` itself where there is none. One flatten: `symmem.jit` runs this on every call."""
   leaves, treedef = jax.tree_util.tree_flatten(tree)
   if not any(isinstance(x, (bool, int, float, complex)) for x in leaves):
-    return tree, leaves
+    return tree, leaves, treedef
   leaves = [jax.numpy.asarray(x) if isinstance(x, (bool, int, float, complex)) else x
             for x in leaves]
-  return jax.tree_util.tree_unflatten(treedef, leaves), leaves
+  return jax.tree_util.tree_unflatten(treedef, leaves), leaves, treedef
 
 
 def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=()):
@@ -958,7 +958,7 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   bfloat16."""
   if isinstance(constraints, str):
     constraints = (constraints,)
-  args, _ = scalars_as_arrays(tuple(args))
+  args, _, _ = scalars_as_arrays(tuple(args))
   for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
     if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):
       raise ShapeSpecError(
