@@ -18,7 +18,13 @@ def xla_bytes(analysis, k, dims, args) -> int:
 
 def rounds_compiled(error: Exception) -> list[int]:
   """The rounds a BudgetError says were compiled before it, in its order."""
-  return [int(k) for k in re.search(r"rounds compiled: ([\d, ]+)\)", str(error))[1].split(", ")]
+  return [int(k) for k in re.search(r"rounds compiled: ([\d, ]+)[;)]", str(error))[1].split(", ")]
+
+
+def rounds_compiled_again(error: Exception) -> list[int]:
+  """The rounds a BudgetError says were compiled again with XLA's other scheduler."""
+  m = re.search(r"again with the other XLA scheduler: ([\d, ]+)\)", str(error))
+  return [] if m is None else [int(k) for k in m[1].split(", ")]
 
 
 def tight_budget(analysis, dims, args) -> int:
