@@ -161,7 +161,8 @@ def bind_keywords(sig: inspect.Signature | None, args: tuple, kwargs: dict,
     p = params[i]
     if p.name in kwargs:
       args.append(kwargs.pop(p.name))
-    elif i in static_argnums or p.name in static_argnames or not jax.tree_util.tree_leaves(p.default):
+    elif (i in static_argnums or p.name in static_argnames
+          or not jax.tree_util.tree_leaves(p.default)):
       args.append(p.default)
     else:
       later = next(name for name in dynamic if position[name] > i)
