@@ -162,8 +162,9 @@ _REFUSED_STEPS = {
 
 
 # A budget that holds the step's arguments and outputs but none of its rounds: every round
-# is compiled before the refusal (the MLP's 9 rounds; the transformer's 14, ~1 s each:
-# slow tier). The search's order and its cap before that: tests/test_variants.py.
+# is compiled before the refusal, then again with XLA:CPU's other scheduler (the MLP's 9
+# rounds; the transformer's 14, ~2 s a round: slow tier, 59 s). The search's order and its
+# cap before that: tests/test_variants.py.
 @pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
 def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
   fun, shapes, constraints, example, args, dims = _REFUSED_STEPS[name]()
