@@ -133,17 +133,28 @@ def signature(fun) -> inspect.Signature | None:
 
 def bind_keywords(sig: inspect.Signature | None, args: tuple, kwargs: dict,
                   static_argnums=(), static_argnames=()) -> tuple[tuple, dict]:
-  """(args, kwargs) with each dynamic keyword argument at its parameter's position.
+  """(args, kwargs) with each dynamic keyword argument at its parameter's position
+  (`keyword_plan`)."""
+  return apply_keyword_plan(
+      keyword_plan(sig, args, kwargs, static_argnums, static_argnames), args, kwargs)
+
+
+def keyword_plan(sig: inspect.Signature | None, args: tuple, kwargs: dict,
+                 static_argnums=(), static_argnames=()) -> tuple[tuple[str | None, Any], ...]:
+  """What goes at each position after `args`, up to the last that a dynamic keyword
+  argument takes: (its keyword, None), or (None, the parameter's default); () where no
+  keyword argument is dynamic.
 
   jax.jit traces keyword arguments as it traces positional ones. Here shape specs,
   shardings and donation are given per position, so a dynamic keyword argument is
   passed at the position Python would bind it to; the parameters between the
   positional arguments and it take their keyword arguments, or their defaults where
   that changes nothing jax.jit would trace: a static parameter's, or a default without
-  arrays (None). Static keyword arguments after the last dynamic one stay keywords."""
+  arrays (None). Static keyword arguments after the last dynamic one stay keywords.
+  The plan depends on the number of positional arguments and the keywords alone."""
   dynamic = [name for name in kwargs if name not in static_argnames]
   if not dynamic:
-    return args, kwargs
+    return ()
   if sig is None:
     raise TypeError(f"the step's parameters cannot be read, so keyword arguments can only be "
                     f"static_argnames; pass {dynamic[0]!r} positionally or mark it static")
@@ -156,21 +167,29 @@ def bind_keywords(sig: inspect.Signature | None, args: tuple, kwargs: dict,
           f"{name!r} has no position among the step's parameters (keyword-only, or taken "
           "by **kwargs); shape specs, shardings and donation are per position, so a "
           "dynamic argument needs one: pass it to a positional parameter, or mark it static")
-  args, kwargs = list(args), dict(kwargs)
+  plan = []
   for i in range(len(args), max(position[name] for name in dynamic) + 1):
     p = params[i]
     if p.name in kwargs:
-      args.append(kwargs.pop(p.name))
+      plan.append((p.name, None))
     elif (i in static_argnums or p.name in static_argnames
           or not jax.tree_util.tree_leaves(p.default)):
-      args.append(p.default)
+      plan.append((None, p.default))
     else:
       later = next(name for name in dynamic if position[name] > i)
       raise TypeError(
           f"{later!r} is passed by keyword and goes to its position, but {p.name!r} before it "
           f"is not passed and its default ({p.default!r}) would become a traced argument; "
           f"pass {p.name!r} too, or mark it static")
-  return tuple(args), kwargs
+  return tuple(plan)
+
+
+def apply_keyword_plan(plan, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+  if not plan:
+    return args, kwargs
+  taken = {name for name, _ in plan if name is not None}
+  return ((*args, *(kwargs[name] if name is not None else default for name, default in plan)),
+          {k: v for k, v in kwargs.items() if k not in taken})
 
 
 def _jax_jit_trace_error(fun: Callable, args) -> Exception | None:
@@ -210,6 +229,7 @@ class SymmemFunction:
     functools.update_wrapper(self, fun)
     self._fun = fun
     self._signature = signature(fun)
+    self._keyword_plans: dict[tuple, tuple] = {}   # `_bind_keywords`
     self._positional_params = 0 if self._signature is None else sum(
         p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
         for p in self._signature.parameters.values())
@@ -385,8 +405,16 @@ class SymmemFunction:
     return self._resolved_budget
 
   def _bind_keywords(self, args, kwargs):
-    return bind_keywords(self._signature, args, kwargs, self._static_argnums,
-                         self._static_argnames)
+    # A training loop calls with the same keywords every step: the plan is kept per
+    # (number of positional arguments, keywords) and replayed.
+    key = (len(args), tuple(kwargs))
+    plan = self._keyword_plans.get(key)
+    if plan is None:
+      plan = keyword_plan(self._signature, args, kwargs, self._static_argnums,
+                          self._static_argnames)
+      if len(self._keyword_plans) < 64:
+        self._keyword_plans[key] = plan
+    return apply_keyword_plan(plan, args, kwargs)
 
   def _split(self, args, kwargs):
     """(key, dynamic arguments, their leaves, the step bound to the static ones, traced):
