@@ -162,9 +162,9 @@ _REFUSED_STEPS = {
 
 
 # A budget that holds the step's arguments and outputs but none of its rounds: every round
-# is compiled before the refusal, then again with XLA:CPU's other scheduler (the MLP's 9
-# rounds; the transformer's 14, ~2 s a round: slow tier, 59 s). The search's order and its
-# cap before that: tests/test_variants.py.
+# is compiled before the refusal, then the three smallest again with XLA:CPU's other
+# scheduler (the MLP's 9 rounds; the transformer's 14, ~2 s each: slow tier). The search's
+# order and its cap before that: tests/test_variants.py.
 @pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
 def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
   fun, shapes, constraints, example, args, dims = _REFUSED_STEPS[name]()
@@ -180,9 +180,10 @@ def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
   info = step.cache_info()
   compiled = budgets.rounds_compiled(e.value)
   assert sorted(compiled) == list(range(len(analysis.rounds))) and len(compiled) >= 3
-  # Then each again with XLA:CPU's other scheduler, the smallest first, before refusing.
-  assert sorted(budgets.rounds_compiled_again(e.value)) == sorted(compiled)
-  assert info["compiles"] == 2 * len(compiled) and info["budget_errors"] == 1
+  # Then the smallest again with XLA:CPU's other scheduler, before refusing.
+  again = budgets.rounds_compiled_again(e.value)
+  assert len(again) == variants_lib.OTHER_SCHEDULER_TRIES and set(again) <= set(compiled)
+  assert info["compiles"] == len(compiled) + len(again) and info["budget_errors"] == 1
   assert info["recompiles"] == info["compiles"] - 1   # counted although the call raised
   with pytest.raises(symmem.BudgetError):   # refused again without compiling again
     step(*args)
@@ -504,17 +505,17 @@ def test_dynamic_arguments_by_keyword_take_their_positions_as_jax_jit_traces_the
   calls = [((), {"w": w, "x": X}), ((w,), {"x": X}), ((w, X), {}),                  # (w, x)
            ((w, X), {"mask": M}), ((w,), {"x": X, "mask": M, "scale": 3.0}),       # + mask
            ((w, X), {"bias": bias})]                                             # mask=None
-  for b in (5, 7):
-    x, m = jnp.linspace(0, 1, 3 * b).reshape(b, 3), jnp.arange(b, dtype=jnp.float32) % 2
-    fill = lambda a: x if a is X else m if a is M else a
-    for args, kwargs in calls:
-      args, kwargs = tuple(map(fill, args)), {k: fill(v) for k, v in kwargs.items()}
-      chex.assert_trees_all_close(g(*args, **kwargs), ref(*args, **kwargs), rtol=1e-5, atol=1e-6)
-      assert g.last_call["dims"] == {"b": b}
-  # Four traces ((w, x); with a mask; with a mask and scale 3; with a bias), each compiled
-  # at the two shapes; the first three calls at each shape share one executable.
+  b = 5   # one shape: each compile is ~0.5 s, and dims bind per position as ever
+  x, m = jnp.linspace(0, 1, 3 * b).reshape(b, 3), jnp.arange(b, dtype=jnp.float32) % 2
+  fill = lambda a: x if a is X else m if a is M else a
+  for args, kwargs in calls:
+    args, kwargs = tuple(map(fill, args)), {k: fill(v) for k, v in kwargs.items()}
+    chex.assert_trees_all_close(g(*args, **kwargs), ref(*args, **kwargs), rtol=1e-5, atol=1e-6)
+    assert g.last_call["dims"] == {"b": b}
+  # Four traces ((w, x); with a mask; with a mask and scale 3; with a bias), one compile
+  # each; the first three calls share one executable.
   info = g.cache_info()
-  assert (info["compiles"], info["hits"], info["fallback_calls"]) == (8, 4, 0)
+  assert (info["compiles"], info["hits"], info["fallback_calls"]) == (4, 2, 0)
   d = symmem.jit(step, polymorphic_shapes=(None, "b, _"), donate_argnames="w")
   w = jnp.ones((3, 4))
   d(x=x, w=w)   # donated by name, passed by keyword
