@@ -433,6 +433,11 @@ def test_inside_a_jax_transformation_the_step_is_traced_as_jax_jit_traces_it(cap
   assert len(warnings) == 1 and "'1GiB'" in warnings[0]   # once, naming the budget
   info = step.cache_info()
   assert info["traced_calls"] == 4 and info["hits"] == 0 and info["compiles"] == 1
+  # There a keyword-only array (which a direct call cannot bind to a position) is traced
+  # as jax.jit traces it too.
+  scaled = symmem.jit(lambda w, *, x: w * x, polymorphic_shapes=(None,))
+  np.testing.assert_allclose(jax.jit(lambda w, x: scaled(w, x=x))(2.0, x), 2 * np.asarray(x))
+  assert scaled.cache_info()["traced_calls"] == 1
 
 
 def test_a_planner_defect_falls_back_to_jax_jit_and_analyze_names_it(caplog, monkeypatch):

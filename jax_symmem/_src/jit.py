@@ -262,7 +262,12 @@ class SymmemFunction:
   # -- public --
   def __call__(self, *args, **kwargs):
     if kwargs:
-      args, kwargs = self._bind_keywords(args, kwargs)
+      try:
+        args, kwargs = self._bind_keywords(args, kwargs)
+      except TypeError:   # inside a transformation jax.jit takes any keyword: so do we
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+          return self._call_traced(args, kwargs)
+        raise
     static_key, dyn_args, flat, bound, traced = self._split(args, kwargs)
     if traced:
       return self._call_traced(args, kwargs)
