@@ -238,6 +238,17 @@ def test_a_budget_only_xla_cpus_other_scheduler_meets_runs_that_variant():
   assert step.cache_info()["budget_errors"] == 0
   chex.assert_trees_all_close(got, budgets.same_options_reference(step, fun, args), rtol=0, atol=0)
   chex.assert_trees_all_close(got, jax.jit(fun)(*args), rtol=1e-5, atol=1e-6)
+  # The step now compiles its rounds with that scheduler: a new shape as tight takes one
+  # compile, not its rounds with the usual scheduler first.
+  compiles = step.cache_info()["compiles"]
+  args = (args[0], args[1][:, :63], jnp.asarray([63, 40], jnp.int32))
+  got = step(*args)
+  assert step.cache_info()["compiles"] == compiles + 1 and step.last_call["dims"]["s"] == 63
+  (variant,) = [v for v in step.variants() if v["dims"]["s"] == 63]
+  usual = variants_lib.round_options(analysis, variant["round"])
+  assert (variant["compiler_options"].get(variants_lib.SCHEDULER_OPTION)
+          != usual.get(variants_lib.SCHEDULER_OPTION))
+  chex.assert_trees_all_close(got, budgets.same_options_reference(step, fun, args), rtol=0, atol=0)
 
 
 def test_a_budget_below_the_steps_arguments_and_outputs_is_refused_after_one_compile():

@@ -88,6 +88,9 @@ class _Entry:
   # "fusions" -> the largest (XLA's figure + XNNPACK's bound) / prediction of round 0
   # compiled with XLA:CPU's XNNPACK fusions (`variants.compile_with_fusions`).
   ratios: dict[str, float] = dataclasses.field(default_factory=dict)
+  # Rounds compile with XLA:CPU's other scheduler: the last search that fitted only with it
+  # said so (`variants._with_the_other_scheduler`), so later shapes start from it.
+  other_scheduler: bool = False
   variants: dict[tuple, variants_lib.Variant] = dataclasses.field(default_factory=dict)
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
   decisions: dict[tuple, int] = dataclasses.field(default_factory=dict)
@@ -536,9 +539,15 @@ class SymmemFunction:
       self._counts["recompiles"] += compiles > 0   # counted here: a BudgetError may follow
       compiles += 1
       return compile_flat(fn, options)
+    policy = self._policy(flat, budget, reserved, entry)
     chosen, compiled = variants_lib.compile_fitting(
-        entry.analysis, dims, k, self._policy(flat, budget, reserved), lower,
+        entry.analysis, dims, k, policy, lower,
         entry.calibration, entry.calibrated_at, entry.ratios if fusions else None)
+    if variants_lib.other_scheduler(chosen, policy, entry.analysis):
+      entry.other_scheduler = not entry.other_scheduler
+      logging.info("jax_symmem: %s now compiles its rounds with XLA:CPU's %s scheduler",
+                   entry.analysis.traced.fun_name,
+                   "other" if entry.other_scheduler else "usual")
     entry.variants[(key[0], chosen.round)] = chosen
     if budget is not None and len(compiled) > 1:   # a bracket to refine when the shape recurs
       entry.searches[key] = [(v.round, v.xla_bytes) for v in compiled]
@@ -551,7 +560,7 @@ class SymmemFunction:
     search reaches a fitting round in few compiles by keeping a margin for the model's
     error; this spends a compile only on shapes that recur, which run it many times."""
     searched = entry.searches[key]
-    policy = self._policy(flat, budget, reserved)
+    policy = self._policy(flat, budget, reserved, entry)
     j = variants_lib.refine_on_ladder(entry.analysis, dims, searched, policy.fits)
     if j is None:
       del entry.searches[key]
@@ -591,7 +600,7 @@ class SymmemFunction:
     trial = entry.trials.get(key)
     if trial is None:
       rival = analysis.as_written_round or analysis.floor_round(dims)
-      policy = self._policy(flat, budget, reserved)
+      policy = self._policy(flat, budget, reserved, entry)
       challenger = entry.variants.get((key[0], rival))
       if challenger is None and variant.round != rival:
         try:
@@ -655,11 +664,13 @@ class SymmemFunction:
     out = variant.executable(*flat)
     return jax.tree_util.tree_unflatten(entry.analysis.traced.out_tree, out)
 
-  def _policy(self, flat, budget, reserved) -> variants_lib.CompilePolicy:
+  def _policy(self, flat, budget, reserved, entry: _Entry | None = None
+              ) -> variants_lib.CompilePolicy:
     return variants_lib.CompilePolicy(
         budget=budget, reserved=reserved, platform=jax.devices()[0].platform,
         impose_schedule=self._impose_schedule,
-        agree=lambda size: _agreed_footprint(size, flat))
+        agree=lambda size: _agreed_footprint(size, flat),
+        other_scheduler=entry is not None and entry.other_scheduler)
 
   def _lower(self, args, flat, entry: _Entry) -> Callable:
     """`lower(fn, options)`: compiles `fn` on the flat arguments as jax.jit would (counted)."""

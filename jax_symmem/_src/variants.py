@@ -83,6 +83,8 @@ class CompilePolicy:
   impose_schedule: bool = False
   max_recompiles: int = MAX_RECOMPILES
   agree: Callable[[int], int] = lambda footprint: footprint   # across processes (device.py)
+  # Rounds compile with XLA:CPU's other scheduler (`_with_the_other_scheduler`).
+  other_scheduler: bool = False
 
   @property
   def memory_options(self) -> Mapping[str, str]:
@@ -92,7 +94,9 @@ class CompilePolicy:
     """(compiler options, whether memory_analysis() may calibrate the model)."""
     if self.budget is None:
       return {}, False   # exactly as jax.jit; XNNPACK fusions may hide buffers (F2)
-    return round_options(analysis, k, self.platform), True
+    options = round_options(analysis, k, self.platform)
+    return (_the_other_scheduler(options) if self.other_scheduler and self.platform == "cpu"
+            and not self.impose_schedule else options), True
 
   def fits(self, footprint: int) -> bool:
     return self.budget is None or footprint + self.reserved <= self.budget
@@ -528,6 +532,23 @@ def _warn_long_search(analysis, dims, compiled: Sequence[Variant], policy: Compi
 OTHER_SCHEDULER_TRIES = 3
 
 
+def _the_other_scheduler(options: Mapping[str, str]) -> dict:
+  """`options` with XLA:CPU's other scheduler: the memory-optimized one for the default."""
+  options = dict(options)
+  if options.pop(SCHEDULER_OPTION, None) is None:
+    options[SCHEDULER_OPTION] = CPU_COMPILER_OPTIONS[SCHEDULER_OPTION]
+  return options
+
+
+def other_scheduler(variant: Variant, policy: CompilePolicy, analysis) -> bool:
+  """Whether `variant` was compiled with another XLA:CPU scheduler than `policy` gives
+  its round (`_with_the_other_scheduler` found it)."""
+  if policy.budget is None or variant.xnnpack_fusions:
+    return False
+  return (variant.compiler_options.get(SCHEDULER_OPTION)
+          != policy.options_for(analysis, variant.round)[0].get(SCHEDULER_OPTION))
+
+
 def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[Variant],
                               policy: CompilePolicy, lower: Callable[[Callable, dict], Any]
                               ) -> list[Variant]:
@@ -546,9 +567,7 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
   if policy.platform != "cpu" or policy.impose_schedule:
     return []
   for v in sorted(compiled, key=lambda v: v.xla_bytes)[:OTHER_SCHEDULER_TRIES]:
-    options = dict(v.compiler_options)
-    if options.pop(SCHEDULER_OPTION, None) is None:
-      options[SCHEDULER_OPTION] = CPU_COMPILER_OPTIONS[SCHEDULER_OPTION]
+    options = _the_other_scheduler(v.compiler_options)
     exe = lower(round_function(analysis, v.round, dims), options)
     size = policy.agree(footprint(exe) + analysis.round_scratch(v.round, dims))
     logging.info("jax_symmem: compiled %s at %s, round %d with the other scheduler (%s): XLA "
