@@ -436,13 +436,14 @@ class SymmemFunction:
     if any(isinstance(x, jax.core.Tracer) for x in leaves):
       return None, dyn, leaves, None, True
     static = tuple(args[i] for i in self._static_argnums if i < len(args))
+    static_kwargs = tuple(sorted(kwargs.items()))
     try:
-      hash((static, tuple(sorted(kwargs.items()))))
+      hash((static, static_kwargs))
     except TypeError as e:
       raise TypeError(f"static arguments must be hashable: {e}") from None
     # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
     weak = tuple(bool(getattr(x, "weak_type", False)) for x in leaves)
-    static_key = (static, tuple(sorted(kwargs.items())), len(args), treedef, weak)
+    static_key = (static, static_kwargs, len(args), treedef, weak)
     # Closes over the static arguments only: the traced program keeps `bound`, and
     # holding the first call's arrays would keep them resident (and counted as
     # other live memory against the budget) for the life of the step.

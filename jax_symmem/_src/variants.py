@@ -566,15 +566,11 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
   program) nor off CPU."""
   if policy.platform != "cpu" or policy.impose_schedule:
     return []
+  other = dataclasses.replace(policy, other_scheduler=not policy.other_scheduler)
   for v in sorted(compiled, key=lambda v: v.xla_bytes)[:OTHER_SCHEDULER_TRIES]:
-    options = _the_other_scheduler(v.compiler_options)
-    exe = lower(round_function(analysis, v.round, dims), options)
-    size = policy.agree(footprint(exe) + analysis.round_scratch(v.round, dims))
-    logging.info("jax_symmem: compiled %s at %s, round %d with the other scheduler (%s): XLA "
-                 "footprint %.1f MiB", analysis.traced.fun_name, dict(dims), v.round,
-                 options.get(SCHEDULER_OPTION, "the default"), size / 2**20)
-    compiled.append(Variant(dict(dims), v.round, exe, size, v.memory_options, options))
-    if policy.fits(size):
+    # Not calibrated: the model's ratios are the rounds' with the policy's scheduler.
+    compiled.append(compile_round(analysis, dims, v.round, other, lower, {}, {}))
+    if policy.fits(compiled[-1].xla_bytes):
       return [compiled[-1]]
   return []
 
