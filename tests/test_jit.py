@@ -238,6 +238,10 @@ def test_a_budget_only_xla_cpus_other_scheduler_meets_runs_that_variant():
   assert step.cache_info()["budget_errors"] == 0
   chex.assert_trees_all_close(got, budgets.same_options_reference(step, fun, args), rtol=0, atol=0)
   chex.assert_trees_all_close(got, jax.jit(fun)(*args), rtol=1e-5, atol=1e-6)
+  # Its rounds are now predicted from XLA's figures with that scheduler, not from the
+  # usual scheduler's, which every round was compiled with first.
+  (calibration,) = step.calibration()
+  assert calibration[least] == other / analysis.dispatch_figure(least, dims)
   # The step now compiles its rounds with that scheduler: a new shape as tight takes one
   # compile, not its rounds with the usual scheduler first.
   compiles = step.cache_info()["compiles"]

@@ -83,14 +83,16 @@ class _Entry:
   arg_splits: tuple[int, ...] = ()                # shards per argument leaf (sharding)
   spec_dtypes: tuple | None = None                # the traced leaf dtypes
   fallback: Callable | None = None
-  calibration: dict[int, float] = dataclasses.field(default_factory=dict)  # round -> XLA/model
-  calibrated_at: dict[int, int] = dataclasses.field(default_factory=dict)  # round -> its peak
   # "fusions" -> the largest (XLA's figure + XNNPACK's bound) / prediction of round 0
   # compiled with XLA:CPU's XNNPACK fusions (`variants.compile_with_fusions`).
   ratios: dict[str, float] = dataclasses.field(default_factory=dict)
   # Rounds compile with XLA:CPU's other scheduler: the last search that fitted only with it
   # said so (`variants._with_the_other_scheduler`), so later shapes start from it.
   other_scheduler: bool = False
+  # Per XLA:CPU scheduler (True: the other one): round -> XLA/model, and round -> the peak
+  # it was measured at. A ratio measured with one scheduler does not scale the other's.
+  calibrations: dict[bool, variants_lib.Calibration] = dataclasses.field(
+      default_factory=lambda: {False: variants_lib.Calibration(), True: variants_lib.Calibration()})
   variants: dict[tuple, variants_lib.Variant] = dataclasses.field(default_factory=dict)
   # (dims, reserved MiB, budget) -> the round dispatched, or the BudgetError it raised.
   decisions: dict[tuple, int] = dataclasses.field(default_factory=dict)
@@ -98,6 +100,15 @@ class _Entry:
   # (dims, reserved MiB, budget) -> [(round, XLA's figure)] compiled there, while a round
   # that recomputes less than the one dispatched may still fit (`_refine`).
   searches: dict[tuple, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+
+  @property
+  def calibration(self) -> dict[int, float]:
+    """The ratios of the scheduler the step's rounds now compile with."""
+    return self.calibrations[self.other_scheduler].ratios
+
+  @property
+  def calibrated_at(self) -> dict[int, int]:
+    return self.calibrations[self.other_scheduler].at
   refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
   # Speed trials (`speed_trials=True`): the keys whose trial is running, and those settled
   # (key -> {round: fastest call's seconds}; {} where no trial could run).
@@ -543,7 +554,8 @@ class SymmemFunction:
     policy = self._policy(flat, budget, reserved, entry)
     chosen, compiled = variants_lib.compile_fitting(
         entry.analysis, dims, k, policy, lower,
-        entry.calibration, entry.calibrated_at, entry.ratios if fusions else None)
+        entry.calibration, entry.calibrated_at, entry.ratios if fusions else None,
+        other_calibration=entry.calibrations[not entry.other_scheduler])
     if variants_lib.other_scheduler(chosen, policy, entry.analysis):
       entry.other_scheduler = not entry.other_scheduler
       logging.info("jax_symmem: %s now compiles its rounds with XLA:CPU's %s scheduler",

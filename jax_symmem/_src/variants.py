@@ -431,6 +431,15 @@ def over_budget(nbytes: int, budget: int, reserved: int = 0) -> tuple[str, str]:
                   f"{sizes(reserved)[0]} held by other live arrays")
 
 
+@dataclasses.dataclass
+class Calibration:
+  """What compiled rounds showed of the model under one XLA:CPU scheduler: round -> XLA's
+  figure over the prediction (`ratios`), and round -> that prediction (`at`)
+  (`compile_round` fills both)."""
+  ratios: dict[int, float] = dataclasses.field(default_factory=dict)
+  at: dict[int, int] = dataclasses.field(default_factory=dict)
+
+
 def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, int],
                  peaks: Sequence[int]) -> dict[int, float]:
   """The XLA/model ratios that `earlier_round` believes at a shape with modeled peaks
@@ -550,8 +559,8 @@ def other_scheduler(variant: Variant, policy: CompilePolicy, analysis) -> bool:
 
 
 def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[Variant],
-                              policy: CompilePolicy, lower: Callable[[Callable, dict], Any]
-                              ) -> list[Variant]:
+                              policy: CompilePolicy, lower: Callable[[Callable, dict], Any],
+                              calibration: Calibration) -> list[Variant]:
   """Where no round fits with its own XLA:CPU scheduler, the `OTHER_SCHEDULER_TRIES`
   smallest by XLA's figure again with the other one, smallest first, until one fits:
   [that variant], or [].
@@ -562,14 +571,15 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
   51.0 MiB with the default scheduler and 36.5 with the memory-optimized one, below the
   planner's last round (41.7), while on Llama, GPT-2, T5, a ResNet and a UNet the other
   scheduler took as much or more (experiments/RESULTS.md). Paid only before a BudgetError;
-  the variants are appended to `compiled`. Not with `impose_schedule` (its fences order the
-  program) nor off CPU."""
+  the variants are appended to `compiled`, their figures to `calibration` (the other
+  scheduler's: once a step switches to it, its rounds are predicted from them). Not with
+  `impose_schedule` (its fences order the program) nor off CPU."""
   if policy.platform != "cpu" or policy.impose_schedule:
     return []
   other = dataclasses.replace(policy, other_scheduler=not policy.other_scheduler)
   for v in sorted(compiled, key=lambda v: v.xla_bytes)[:OTHER_SCHEDULER_TRIES]:
-    # Not calibrated: the model's ratios are the rounds' with the policy's scheduler.
-    compiled.append(compile_round(analysis, dims, v.round, other, lower, {}, {}))
+    compiled.append(compile_round(analysis, dims, v.round, other, lower, calibration.ratios,
+                                  calibration.at))
     if policy.fits(compiled[-1].xla_bytes):
       return [compiled[-1]]
   return []
@@ -579,12 +589,16 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
                     lower: Callable[[Callable, dict], Any],
                     calibration: dict[int, float],
                     calibrated_at: dict[int, int] | None = None,
-                    ratios: dict[str, float] | None = None
+                    ratios: dict[str, float] | None = None,
+                    other_calibration: Calibration | None = None
                     ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
   the last one over the budget (each by `compile_round`). Where k is round 0 and
   `ratios` is given, round 0 with XLA:CPU's XNNPACK fusions comes first
   (`compile_with_fusions`) and is dispatched where it fits.
+
+  Where none fits on CPU, the smallest compile again with the other XLA:CPU scheduler
+  (`_with_the_other_scheduler`), calibrating `other_calibration`.
 
   Returns (the variant to dispatch: the fitting one that recomputes least, every
   variant compiled: the fusions variant alone where it is dispatched); raises
@@ -621,7 +635,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   fitting = [v for v in compiled if policy.fits(v.xla_bytes)]
   own = len(compiled)
   if not fitting and policy.fits(resident()):   # else no order of the work can fit
-    fitting = _with_the_other_scheduler(analysis, dims, compiled, policy, lower)
+    fitting = _with_the_other_scheduler(analysis, dims, compiled, policy, lower,
+                                        other_calibration or Calibration())
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
     figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
