@@ -100,6 +100,14 @@ class _Entry:
   # (dims, reserved MiB, budget) -> [(round, XLA's figure)] compiled there, while a round
   # that recomputes less than the one dispatched may still fit (`_refine`).
   searches: dict[tuple, list[tuple[int, int]]] = dataclasses.field(default_factory=dict)
+  refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
+  # Speed trials (`speed_trials=True`): the keys whose trial is running, and those settled
+  # (key -> {round: fastest call's seconds}; {} where no trial could run).
+  trials: dict[tuple, speed_trial_lib.SpeedTrial] = dataclasses.field(default_factory=dict)
+  timed: dict[tuple, dict[int, float]] = dataclasses.field(default_factory=dict)
+  # (dims, the leaves' types) -> the bytes per device of the leaves that are jax.Arrays:
+  # what a budgeted call subtracts from the live bytes, summed once per shape.
+  arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
   @property
   def calibration(self) -> dict[int, float]:
@@ -109,14 +117,6 @@ class _Entry:
   @property
   def calibrated_at(self) -> dict[int, int]:
     return self.calibrations[self.other_scheduler].at
-  refinements: dict[tuple, int] = dataclasses.field(default_factory=dict)   # compiles per key
-  # Speed trials (`speed_trials=True`): the keys whose trial is running, and those settled
-  # (key -> {round: fastest call's seconds}; {} where no trial could run).
-  trials: dict[tuple, speed_trial_lib.SpeedTrial] = dataclasses.field(default_factory=dict)
-  timed: dict[tuple, dict[int, float]] = dataclasses.field(default_factory=dict)
-  # (dims, the leaves' types) -> the bytes per device of the leaves that are jax.Arrays:
-  # what a budgeted call subtracts from the live bytes, summed once per shape.
-  arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
 
 def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
