@@ -504,6 +504,35 @@ def test_static_and_donated_arguments_by_name_or_position_as_jax_jit():
   assert w.is_deleted() and not x.is_deleted() and g.cache_info()["fallback_calls"] == 0
 
 
+class _Scaled:
+  """A model object whose method is the step, jitted with `self` static, as
+  `functools.partial(jax.jit, static_argnums=0)` is written on methods."""
+
+  def __init__(self, scale):
+    self.scale = scale
+
+  @functools.partial(symmem.jit, static_argnums=0, polymorphic_shapes=(None, "b, s"))
+  def step(self, x):
+    return jnp.tanh(x * self.scale).sum(-1)
+
+  @functools.partial(jax.jit, static_argnums=0)
+  def reference(self, x):
+    return jnp.tanh(x * self.scale).sum(-1)
+
+
+def test_a_method_binds_its_instance_as_jax_jit_does():
+  a, b = _Scaled(2.0), _Scaled(3.0)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 5), jnp.float32)
+  for m in (a, b, a):
+    np.testing.assert_array_equal(m.step(x), m.reference(x))
+  # One trace per instance (a static argument, hashed by identity), shared by the class;
+  # the bound method reaches the function's own attributes.
+  assert _Scaled.step is _Scaled.__dict__["step"]
+  assert a.step.cache_info() == _Scaled.step.cache_info()
+  assert _Scaled.step.cache_info()["compiles"] == 2 and _Scaled.step.cache_info()["hits"] == 1
+  assert a.step.last_call["dims"] == {"b": 2, "s": 5}
+
+
 def test_dynamic_arguments_by_keyword_take_their_positions_as_jax_jit_traces_them():
   # As under jax.jit, an array argument may be passed by keyword: it goes to its
   # parameter's position (with that position's shape spec), so calls either way share one

@@ -1,5 +1,7 @@
 """symmem.nnx_jit: an NNX step that updates its model and optimizer in place, as nnx.jit runs it."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -90,6 +92,31 @@ def test_updates_the_objects_in_place_as_nnx_jit_does(shapes):
   assert info["fallback_calls"] == 0 and info["compiles"] == len(set(shapes))
   assert info["hits"] == len(shapes) - info["compiles"]
   assert step.last_call["dims"] == {"b": 4, "s": 32}
+
+
+class _Trainer(nnx.Module):
+  """The step as a method of a module that holds the model and its optimizer."""
+
+  def __init__(self):
+    self.model, self.optimizer = _make()
+
+  @functools.partial(symmem.nnx_jit, polymorphic_shapes=(None,) + SHAPES[2:],
+                     constraints=CONSTRAINTS)
+  def step(self, tokens, mask):
+    return train_step(self.model, self.optimizer, tokens, mask)
+
+
+# ~6 s (nnx.jit's compile and ours); fast cover: test_jit's method binding test.
+@pytest.mark.slow
+def test_a_method_binds_its_module_as_nnx_jit_does():
+  ref_model, ref_opt = _make()
+  trainer = _Trainer()
+  for seed in range(2):
+    batch = _batch(4, 32, seed)
+    np.testing.assert_allclose(trainer.step(*batch), nnx.jit(train_step)(ref_model, ref_opt, *batch),
+                               rtol=1e-5, atol=1e-6)
+  assert int(trainer.optimizer.step[...]) == 2
+  assert trainer.step.cache_info()["compiles"] == 1
 
 
 def test_nnx_objects_take_no_shape_spec_and_a_pure_step_is_pointed_to_symmem_jit():

@@ -34,6 +34,7 @@ import inspect
 import math
 import threading
 import time
+import types
 from typing import Any, Callable
 
 from absl import logging
@@ -274,6 +275,11 @@ class SymmemFunction:
     self._jax_jit: Callable | None = None   # the step under plain jax.jit (`_as_jax_jit`)
 
   # -- public --
+  def __get__(self, instance, owner=None):
+    """A method binds its instance as its first argument, as functions and jax.jit's bind
+    (static with `static_argnums=0`, None for it in `polymorphic_shapes`)."""
+    return self if instance is None else types.MethodType(self, instance)
+
   def __call__(self, *args, **kwargs):
     if kwargs:
       try:

@@ -12,6 +12,7 @@ the same around `symmem.jit`: one symbolic trace and memory plan of the pure fun
 from __future__ import annotations
 
 import functools
+import types
 from typing import Any, Callable
 
 from jax_symmem._src import jit as jit_lib
@@ -36,6 +37,10 @@ class NnxFunction:
     self._jit_kwargs = jit_kwargs
     self._steps: dict[Any, jit_lib.SymmemFunction] = {}
     self.jitted: jit_lib.SymmemFunction | None = None   # that of the most recent call
+
+  def __get__(self, instance, owner=None):
+    """A method binds its instance (an NNX module, say) as its first argument."""
+    return self if instance is None else types.MethodType(self, instance)
 
   def __call__(self, *args, **kwargs):
     if kwargs:   # each at its parameter's position, as symmem.jit binds them
