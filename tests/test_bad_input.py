@@ -3,6 +3,7 @@ plain `jax.jit` with the same result; never a wrong result. One test per row of 
 README's "Bad input" table."""
 
 from concurrent import futures
+import functools
 import logging as py_logging
 
 import jax
@@ -258,6 +259,19 @@ def test_jit_without_polymorphic_shapes_says_what_to_give():
                lambda: symmem.nnx_jit(lambda m, x: x)):
     with pytest.raises(TypeError, match=r"needs polymorphic_shapes.*'b, s'.*constraints"):
       call()
+
+
+def test_a_partial_is_named_by_its_function():
+  # functools.partial has no __name__: the error paths read the wrapped function's.
+  def loss(x, mask=None, *, scale=1.0):
+    return jnp.sum(jnp.tanh(x) * scale)
+  step = symmem.jit(functools.partial(loss, scale=2.0), polymorphic_shapes=("b, s",))
+  x = jnp.ones((2, 5))
+  assert step.__name__ == "loss" and float(step(x)) == float(jax.jit(step.__wrapped__)(x))
+  with pytest.raises(TypeError, match=r"^loss: argument args\[0\] of type str"):
+    step("tokens")
+  with pytest.raises(symmem.ShapeSpecError, match="do not fit the arguments"):
+    step(x, x)   # one spec for two arguments
 
 
 def test_a_misspelt_jit_option_is_a_type_error_at_once():

@@ -242,6 +242,7 @@ class SymmemFunction:
                plan_cache_dir=None, speed_trials: bool = False, **jit_kwargs):
     _check_jit_options(jit_kwargs)
     functools.update_wrapper(self, fun)
+    self.__name__ = tracing.function_name(fun)   # a partial has none of its own
     self._fun = fun
     self._signature = signature(fun)
     self._keyword_plans: dict[tuple, tuple] = {}   # `_bind_keywords`
@@ -468,7 +469,7 @@ class SymmemFunction:
     def bound(*dyn_args):
       it = iter(dyn_args)
       return self._fun(*[statics[i] if i in statics else next(it) for i in range(nargs)], **kwargs)
-    bound.__name__ = getattr(self._fun, "__name__", "function")
+    bound.__name__ = self.__name__
     return static_key, dyn, leaves, bound, False
 
   def _donated_leaves(self, args) -> tuple[int, ...]:
@@ -722,7 +723,7 @@ class SymmemFunction:
                     f"\nThe memory budget ({self._budget_arg!r}) is not enforced on these calls "
                     "(counted in cache_info()['fallback_calls']).")
       logging.warning("jax_symmem: %s falls back to jax.jit: %s%s",
-                      getattr(self._fun, "__name__", "function"), reason, unenforced)
+                      self.__name__, reason, unenforced)
       entry.fallback = self._as_jax_jit()
       entry.analysis = None
 
@@ -749,7 +750,7 @@ class SymmemFunction:
         log("jax_symmem: %s is called inside a JAX transformation (jax.jit, vmap, grad, "
             "scan, eval_shape...): it is traced into the enclosing program as jax.jit would "
             "trace it, without a memory plan%s (counted in cache_info()['traced_calls'])",
-            getattr(self._fun, "__name__", "function"),
+            self.__name__,
             "" if self._budget_arg is None else
             f"; the memory budget ({self._budget_arg!r}) applies to direct calls only")
     return self._as_jax_jit()(*args, **kwargs)

@@ -16,6 +16,7 @@ import types
 from typing import Any, Callable
 
 from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import tracing
 from jax_symmem._src.errors import ShapeSpecError
 
 _UNSUPPORTED = ("static_argnums", "static_argnames", "donate_argnums", "in_shardings",
@@ -31,6 +32,7 @@ class NnxFunction:
       raise TypeError(f"symmem.nnx_jit does not take {', '.join(unsupported)}; use symmem.jit "
                       "on a pure step over nnx.split's state for those")
     functools.update_wrapper(self, fun)
+    self.__name__ = tracing.function_name(fun)   # a partial has none of its own
     self._fun = fun
     self._signature = jit_lib.signature(fun)
     self._shapes = tuple(polymorphic_shapes)

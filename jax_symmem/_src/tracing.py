@@ -426,6 +426,14 @@ class _Flattener:
     return ins
 
 
+def function_name(fun) -> str:
+  """`fun`'s name for messages and logs: a `functools.partial`'s function's, a callable
+  object's class's."""
+  while isinstance(fun, functools.partial):
+    fun = fun.func
+  return getattr(fun, "__name__", type(fun).__name__)
+
+
 def flatten(closed_jaxpr: jcore.ClosedJaxpr, start: int = 0) -> Program:
   """Flattens a closed jaxpr into a Program (call primitives inlined); value ids
   count from `start` (a rewrite's new values must not collide with a program's)."""
@@ -1046,7 +1054,7 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
   cons = constraints_lib.parse_constraints(tuple(constraints), variables=dims)
   constraints_lib.check_variables(tuple(constraints), dims)
   compare_lib.check_feasible(cons)   # general inequalities that can never hold
-  name = getattr(fun, "__name__", type(fun).__name__)
+  name = function_name(fun)
   try:
     with (_SAVE_EVERYTHING.active() if save_everything else contextlib.nullcontext(),
           _SYMBOLIC_DIMS_WITHOUT_CYCLES.active()):
