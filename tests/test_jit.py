@@ -533,6 +533,18 @@ def test_a_method_binds_its_instance_as_jax_jit_does():
   assert a.step.last_call["dims"] == {"b": 2, "s": 5}
 
 
+def test_negative_static_argnums_count_from_the_end_as_in_jax_jit():
+  def f(x, scale):
+    return jnp.tanh(x * scale).sum(-1)
+  step = symmem.jit(f, static_argnums=-1, polymorphic_shapes=("b, s",))
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 5), jnp.float32)
+  for scale in (2.0, 3.0, 2.0):
+    np.testing.assert_array_equal(step(x, scale), jax.jit(f, static_argnums=-1)(x, scale))
+  assert step.cache_info()["compiles"] == 2 and step.cache_info()["hits"] == 1
+  with pytest.raises(TypeError, match="count from 0"):   # no fixed end to count from
+    symmem.jit(lambda *a: a[0], static_argnums=-1, polymorphic_shapes=("n",))
+
+
 def test_dynamic_arguments_by_keyword_take_their_positions_as_jax_jit_traces_them():
   # As under jax.jit, an array argument may be passed by keyword: it goes to its
   # parameter's position (with that position's shape spec), so calls either way share one

@@ -130,6 +130,14 @@ def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple
     return tuple(sorted(argnums)), tuple(argnames)
   params = list(sig.parameters.values())
   positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  if any(i < 0 for i in argnums):
+    # jax.jit counts a negative index from the end of each call's positional arguments:
+    # from the end of the parameters where a call passes them all.
+    if not positional or any(p.kind is p.VAR_POSITIONAL for p in params):
+      raise TypeError(f"{tracing.function_name(fun)}: argnums {sorted(argnums)} count from the "
+                      "end of a fixed list of positional parameters, and it has none; count "
+                      "from 0")
+    argnums = {i % len(positional) for i in argnums}
   names = [p.name for p in positional]
   argnums |= {names.index(n) for n in argnames if n in names}
   argnames += [positional[i].name for i in sorted(argnums) if 0 <= i < len(positional)
