@@ -533,6 +533,20 @@ def test_a_method_binds_its_instance_as_jax_jit_does():
   assert a.step.last_call["dims"] == {"b": 2, "s": 5}
 
 
+def test_under_disable_jit_the_step_runs_as_python_as_jax_jit_does():
+  seen = []
+  def f(x):
+    seen.append(isinstance(x, jax.core.Tracer))
+    return jnp.tanh(x).sum(-1)
+  step = symmem.jit(f, polymorphic_shapes=("b, s",), memory_budget="1GiB")
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 5), jnp.float32)
+  with jax.disable_jit():   # a debugger or a print sees the values, op by op
+    np.testing.assert_array_equal(step(x), jnp.tanh(x).sum(-1))
+  assert seen == [False] and step.cache_info()["compiles"] == 0
+  step(x)
+  assert step.cache_info()["compiles"] == 1
+
+
 def test_negative_static_argnums_count_from_the_end_as_in_jax_jit():
   def f(x, scale):
     return jnp.tanh(x * scale).sum(-1)

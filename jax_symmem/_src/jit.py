@@ -290,6 +290,8 @@ class SymmemFunction:
     return self if instance is None else types.MethodType(self, instance)
 
   def __call__(self, *args, **kwargs):
+    if jax.config.jax_disable_jit:   # as under jax.jit: the step runs as Python, op by op
+      return self._fun(*args, **kwargs)
     if kwargs:
       try:
         args, kwargs = self._bind_keywords(args, kwargs)

@@ -15,6 +15,8 @@ import functools
 import types
 from typing import Any, Callable
 
+import jax
+
 from jax_symmem._src import jit as jit_lib
 from jax_symmem._src import tracing
 from jax_symmem._src.errors import ShapeSpecError
@@ -45,6 +47,8 @@ class NnxFunction:
     return self if instance is None else types.MethodType(self, instance)
 
   def __call__(self, *args, **kwargs):
+    if jax.config.jax_disable_jit:   # as under nnx.jit: the step runs as Python, op by op
+      return self._fun(*args, **kwargs)
     if kwargs:   # each at its parameter's position, as symmem.jit binds them
       args, _ = jit_lib.bind_keywords(self._signature, args, kwargs)
     if len(args) != len(self._shapes):
