@@ -10,6 +10,7 @@ from absl import logging
 import chex
 import jax
 import jax.numpy as jnp
+from jax.experimental import checkify
 import numpy as np
 import pytest
 
@@ -545,6 +546,31 @@ def test_under_disable_jit_the_step_runs_as_python_as_jax_jit_does():
   assert seen == [False] and step.cache_info()["compiles"] == 0
   step(x)
   assert step.cache_info()["compiles"] == 1
+
+
+def _checked_loss(w, x):
+  for _ in range(3):
+    x = jnp.tanh(x @ w)
+  loss = jnp.mean(x ** 2)
+  checkify.check(loss < 0.9, "loss exploded: {loss}", loss=loss)
+  return loss
+
+
+@pytest.mark.parametrize("budget", [None, "1.2MiB"], ids=["as_written", "recomputing"])
+def test_a_checkified_step_raises_its_checks_as_under_jax_jit(budget):
+  # checkify numbers its checks anew in each trace, in the error's pytree aux data: the
+  # outputs of the step as written take the tree of the trace that compiled it.
+  step = checkify.checkify(jax.value_and_grad(_checked_loss), errors=checkify.user_checks)
+  sj = symmem.jit(step, polymorphic_shapes=(None, "b, s, _"), constraints=("s <= 128", "b <= 32"),
+                  memory_budget=budget)
+  w, x = jnp.eye(64) * 0.5, jnp.ones((8, 100, 64))
+  err, got = sj(w, x)
+  err.throw()   # passes
+  assert (sj.last_call["round"] == 0) == (budget is None)
+  chex.assert_trees_all_close(got, jax.jit(step)(w, x)[1], rtol=1e-5, atol=1e-6)
+  err, _ = sj(w * 1e6, x * 1e6)
+  with pytest.raises(checkify.JaxRuntimeError, match=r"loss exploded: 1.0"):
+    err.throw()
 
 
 def test_negative_static_argnums_count_from_the_end_as_in_jax_jit():

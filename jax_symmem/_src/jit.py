@@ -692,7 +692,7 @@ class SymmemFunction:
                       "budget": budget, "xla_bytes": variant.xla_bytes,
                       "xnnpack_fusions": variant.xnnpack_fusions}
     out = variant.executable(*flat)
-    return jax.tree_util.tree_unflatten(entry.analysis.traced.out_tree, out)
+    return jax.tree_util.tree_unflatten(variant.out_tree or entry.analysis.traced.out_tree, out)
 
   def _policy(self, flat, budget, reserved, entry: _Entry | None = None
               ) -> variants_lib.CompilePolicy:

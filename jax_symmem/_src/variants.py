@@ -117,6 +117,9 @@ class Variant:
   # Compiled with XLA:CPU's XNNPACK fusions (`compile_with_fusions`): xla_bytes then
   # includes the bound on what they hold beside XLA's figure.
   xnnpack_fusions: bool = False
+  # The outputs' tree where it came from the trace of the step as written rather than
+  # the symbolic one: its auxiliary data can differ by trace (checkify's error codes).
+  out_tree: Any = None
 
   def describe(self) -> dict:
     return {"dims": dict(self.dims), "round": self.round, "xla_bytes": self.xla_bytes,
@@ -188,9 +191,15 @@ def round_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
 
 
 def _flat_function(traced) -> Callable:
+  """The step as written on flat arguments; `.out_tree` is its outputs' tree once traced
+  (checkify's errors number their checks anew in each trace, in the tree's aux data)."""
   fun, in_tree = traced.fun, traced.in_tree
-  return lambda *flat: tuple(jax.tree_util.tree_leaves(
-      fun(*jax.tree_util.tree_unflatten(in_tree, flat))))
+  def flat(*leaves):
+    out, flat.out_tree = jax.tree_util.tree_flatten(
+        fun(*jax.tree_util.tree_unflatten(in_tree, leaves)))
+    return tuple(out)
+  flat.out_tree = None
+  return flat
 
 
 def _specialized_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
@@ -478,7 +487,8 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   mem = bool(policy.memory_options) and all(
       options.get(key) == value for key, value in policy.memory_options.items()
       if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
-  return Variant(dict(dims), k, exe, size, mem, dict(options))
+  return Variant(dict(dims), k, exe, size, mem, dict(options),
+                 out_tree=getattr(fn, "out_tree", None))
 
 
 def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolicy,
@@ -500,7 +510,8 @@ def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolic
     return None
   options, _ = policy.options_for(analysis, 0)
   options.pop(FUSION_OPTION, None)   # XLA's own XNNPACK fusions
-  exe = lower(round_function(analysis, 0, dims), options)
+  fn = round_function(analysis, 0, dims)
+  exe = lower(fn, options)
   try:
     hidden = xnnpack.hidden_bytes_bound(exe.as_text())
   except ValueError as e:   # HLO this version does not read: no bound, no such variant
@@ -515,7 +526,8 @@ def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolic
                size / 2**20, "" if policy.fits(size) else " (over the budget)")
   if not policy.fits(size):
     return None
-  return Variant(dict(dims), 0, exe, size, False, dict(options), xnnpack_fusions=True)
+  return Variant(dict(dims), 0, exe, size, False, dict(options), xnnpack_fusions=True,
+                 out_tree=getattr(fn, "out_tree", None))
 
 
 # After this many compiles at one shape, none within the budget, the search says so once:
