@@ -124,8 +124,10 @@ def test_rank_mismatch_names_the_argument():
 
 
 def test_wrong_pytree_prefix_is_a_spec_error():
-  with pytest.raises(symmem.ShapeSpecError, match="do not fit"):
+  with pytest.raises(symmem.ShapeSpecError, match="has 1 entry for 2 array arguments"):
     symmem.trace(lambda a, b: a, jnp.zeros(3), jnp.zeros(3), polymorphic_shapes=("n",))
+  with pytest.raises(symmem.ShapeSpecError, match="do not fit"):   # inside an argument
+    symmem.trace(lambda a: a[0], (jnp.zeros(3), jnp.zeros(3)), polymorphic_shapes=(("n",),))
 
 
 def test_non_array_argument_is_rejected():

@@ -1010,6 +1010,11 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
       raise ShapeSpecError(
           f"argument args{jax.tree_util.keystr(path)} is {type(leaf).__name__}, not an array; "
           "pass arrays or jax.ShapeDtypeStruct, and mark non-array arguments static")
+  if isinstance(polymorphic_shapes, (tuple, list)) and len(polymorphic_shapes) != len(args):
+    raise ShapeSpecError(
+        f"polymorphic_shapes {tuple(polymorphic_shapes)!r} has {len(polymorphic_shapes)} "
+        f"entr{'y' if len(polymorphic_shapes) == 1 else 'ies'} for {len(args)} array "
+        "arguments: give one per argument (None where no axis changes between calls)")
   try:
     specs = export.symbolic_args_specs(tuple(args), polymorphic_shapes,
                                        constraints=tuple(constraints))
