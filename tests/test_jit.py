@@ -573,6 +573,18 @@ def test_a_checkified_step_raises_its_checks_as_under_jax_jit(budget):
     err.throw()
 
 
+def test_eval_shape_as_jax_jit_and_no_lowering_but_where_to_look():
+  def f(x, scale):
+    return {"y": jnp.tanh(x * scale).sum(-1)}
+  step = symmem.jit(f, static_argnums=1, polymorphic_shapes=("b, s",))
+  x = jnp.ones((2, 5))
+  assert step.eval_shape(x, 2.0) == jax.jit(f, static_argnums=1).eval_shape(x, 2.0)
+  assert step.cache_info()["compiles"] == 0
+  for method in (step.lower, step.trace):
+    with pytest.raises(NotImplementedError, match=r"no single lowering.*\.compiled\(b="):
+      method(x, 2.0)
+
+
 def test_negative_static_argnums_count_from_the_end_as_in_jax_jit():
   def f(x, scale):
     return jnp.tanh(x * scale).sum(-1)

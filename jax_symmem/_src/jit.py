@@ -388,6 +388,22 @@ class SymmemFunction:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
     return entry.analysis
 
+  def eval_shape(self, *args, **kwargs):
+    """The outputs' shapes and dtypes, as `jax.jit(fun).eval_shape` gives them (nothing
+    is traced symbolically, planned or compiled)."""
+    return self._as_jax_jit().eval_shape(*args, **kwargs)
+
+  def lower(self, *args, **kwargs):
+    """Not available: which executable runs is decided per call."""
+    raise NotImplementedError(
+        f"{self.__name__}: symmem.jit has no single lowering: each call's shape (and, under a "
+        "budget, the memory free) picks an executable. For what was compiled use "
+        ".compiled(b=..., s=...) (each with .executable.memory_analysis()) or .variants(); "
+        "for the plan, .analyze(*args); for jax.jit's own lowering, "
+        "jax.jit(step.__wrapped__).lower(*args)")
+
+  trace = lower
+
   def cache_info(self) -> dict[str, int]:
     """Counts: compiles, cache hits, recompiles (a first call's compiles after the
     first: XLA reported a variant over budget), refinements (compiles on a shape's later
