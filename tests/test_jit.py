@@ -532,6 +532,9 @@ def test_a_method_binds_its_instance_as_jax_jit_does():
   assert a.step.cache_info() == _Scaled.step.cache_info()
   assert _Scaled.step.cache_info()["compiles"] == 2 and _Scaled.step.cache_info()["hits"] == 1
   assert a.step.last_call["dims"] == {"b": 2, "s": 5}
+  # Printed as jax.jit's are, with what makes it symmem's.
+  assert repr(_Scaled.step).startswith("<SymmemFunction of <function _Scaled.step at ")
+  assert repr(_Scaled.step).endswith("(polymorphic_shapes=(None, 'b, s'))>")
 
 
 def test_under_disable_jit_the_step_runs_as_python_as_jax_jit_does():

@@ -284,6 +284,11 @@ class SymmemFunction:
     self._jax_jit: Callable | None = None   # the step under plain jax.jit (`_as_jax_jit`)
 
   # -- public --
+  def __repr__(self) -> str:   # as jax.jit's, with what makes it symmem's
+    budget = "" if self._budget_arg is None else f", memory_budget={self._budget_arg!r}"
+    return (f"<SymmemFunction of {self._fun!r} (polymorphic_shapes={self._shapes!r}"
+            f"{budget})>")
+
   def __get__(self, instance, owner=None):
     """A method binds its instance as its first argument, as functions and jax.jit's bind
     (static with `static_argnums=0`, None for it in `polymorphic_shapes`)."""

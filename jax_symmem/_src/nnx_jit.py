@@ -42,6 +42,9 @@ class NnxFunction:
     self._steps: dict[Any, jit_lib.SymmemFunction] = {}
     self.jitted: jit_lib.SymmemFunction | None = None   # that of the most recent call
 
+  def __repr__(self) -> str:
+    return f"<NnxFunction of {self._fun!r} (polymorphic_shapes={self._shapes!r})>"
+
   def __get__(self, instance, owner=None):
     """A method binds its instance (an NNX module, say) as its first argument."""
     return self if instance is None else types.MethodType(self, instance)
