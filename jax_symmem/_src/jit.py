@@ -111,13 +111,9 @@ class _Entry:
   arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
   @property
-  def calibration(self) -> dict[int, float]:
-    """The ratios of the scheduler the step's rounds now compile with."""
-    return self.calibrations[self.other_scheduler].ratios
-
-  @property
-  def calibrated_at(self) -> dict[int, int]:
-    return self.calibrations[self.other_scheduler].at
+  def calibration(self) -> variants_lib.Calibration:
+    """That of the scheduler the step's rounds now compile with."""
+    return self.calibrations[self.other_scheduler]
 
 
 def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
@@ -351,7 +347,8 @@ class SymmemFunction:
         raise BudgetError(entry.refused[key])
       k = entry.decisions.get(key)
       if k is None:
-        k, _ = analysis.best_round(dims, budget, reserved, entry.calibration, predicted=True)
+        k, _ = analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
+                                   predicted=True)
       variant = entry.variants.get((dims_key, k))
       fusions = True
       if (variant is not None and variant.xnnpack_fusions
@@ -449,7 +446,8 @@ class SymmemFunction:
     every buffer (what `best_round` scales by); not from variants compiled exactly as
     jax.jit (no budget)."""
     with self._lock:
-      return [dict(e.calibration) for e in self._entries.values() if e.analysis is not None]
+      return [dict(e.calibration.ratios) for e in self._entries.values()
+              if e.analysis is not None]
 
   # -- implementation --
   def _caller(self) -> validation.Caller:
@@ -591,9 +589,8 @@ class SymmemFunction:
       return compile_flat(fn, options)
     policy = self._policy(flat, budget, reserved, entry)
     chosen, compiled = variants_lib.compile_fitting(
-        entry.analysis, dims, k, policy, lower,
-        entry.calibration, entry.calibrated_at, entry.ratios if fusions else None,
-        other_calibration=entry.calibrations[not entry.other_scheduler])
+        entry.analysis, dims, k, policy, lower, entry.calibrations,
+        entry.ratios if fusions else None)
     if variants_lib.other_scheduler(chosen, policy, entry.analysis):
       entry.other_scheduler = not entry.other_scheduler
       logging.info("jax_symmem: %s now compiles its rounds with XLA:CPU's %s scheduler",
@@ -618,8 +615,7 @@ class SymmemFunction:
       return variant
     try:
       candidate = variants_lib.compile_round(entry.analysis, dims, j, policy,
-                                             self._lower(args, flat, entry), entry.calibration,
-                                             entry.calibrated_at)
+                                             self._lower(args, flat, entry), entry.calibration)
     except Exception as e:  # noqa: BLE001 - keep running the variant that works
       logging.warning("jax_symmem: compiling round %d of %s at %s to refine failed (%s: %s); "
                       "keeping round %d", j, entry.analysis.traced.fun_name, dims,
@@ -657,7 +653,7 @@ class SymmemFunction:
         try:
           challenger = variants_lib.compile_round(analysis, dims, rival, policy,
                                                   self._lower(args, flat, entry),
-                                                  entry.calibration, entry.calibrated_at)
+                                                  entry.calibration)
         except Exception as e:  # noqa: BLE001 - keep running the variant that works
           logging.warning("jax_symmem: compiling round %d of %s at %s for a speed trial failed "
                           "(%s: %s)", rival, analysis.traced.fun_name, dims, type(e).__name__, e)

@@ -464,12 +464,11 @@ def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, i
 
 
 def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
-                  lower: Callable[[Callable, dict], Any], calibration: dict[int, float],
-                  calibrated_at: dict[int, int]) -> Variant:
+                  lower: Callable[[Callable, dict], Any], calibration: Calibration) -> Variant:
   """Round k at dims, compiled with the policy's options for it (`lower(fn, options)`).
 
-  Updates `calibration` (round -> XLA / predicted) and `calibrated_at` (round -> the
-  prediction that ratio was measured against, `Analysis.dispatch_figure`) where XLA's
+  Updates `calibration` (the policy's scheduler's: round -> XLA / predicted, and round ->
+  the prediction that ratio was measured against, `Analysis.dispatch_figure`) where XLA's
   figure is truthful."""
   env = analysis.graph.constraints.complete(dims)
   options, truthful = policy.options_for(analysis, k)
@@ -480,8 +479,8 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
   # (only when it sees every buffer: not with jax.jit's own options, F2).
   if truthful and size:
-    calibrated_at[k] = analysis.dispatch_figure(k, dims)
-    calibration[k] = size / max(1, calibrated_at[k])
+    calibration.at[k] = analysis.dispatch_figure(k, dims)
+    calibration.ratios[k] = size / max(1, calibration.at[k])
   logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                analysis.traced.fun_name, dims, k, size / 2**20)
   mem = bool(policy.memory_options) and all(
@@ -590,8 +589,7 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
     return []
   other = dataclasses.replace(policy, other_scheduler=not policy.other_scheduler)
   for v in sorted(compiled, key=lambda v: v.xla_bytes)[:OTHER_SCHEDULER_TRIES]:
-    compiled.append(compile_round(analysis, dims, v.round, other, lower, calibration.ratios,
-                                  calibration.at))
+    compiled.append(compile_round(analysis, dims, v.round, other, lower, calibration))
     if policy.fits(compiled[-1].xla_bytes):
       return [compiled[-1]]
   return []
@@ -599,24 +597,24 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
 
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
-                    calibration: dict[int, float],
-                    calibrated_at: dict[int, int] | None = None,
-                    ratios: dict[str, float] | None = None,
-                    other_calibration: Calibration | None = None
+                    calibrations: Mapping[bool, Calibration],
+                    ratios: dict[str, float] | None = None
                     ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
   the last one over the budget (each by `compile_round`). Where k is round 0 and
   `ratios` is given, round 0 with XLA:CPU's XNNPACK fusions comes first
   (`compile_with_fusions`) and is dispatched where it fits.
 
-  Where none fits on CPU, the smallest compile again with the other XLA:CPU scheduler
-  (`_with_the_other_scheduler`), calibrating `other_calibration`.
+  `calibrations` holds one `Calibration` per XLA:CPU scheduler (True: the other one);
+  rounds are predicted from, and calibrate, the policy's. Where none fits on CPU, the
+  smallest compile again with the other scheduler (`_with_the_other_scheduler`),
+  calibrating its own.
 
   Returns (the variant to dispatch: the fitting one that recomputes least, every
   variant compiled: the fusions variant alone where it is dispatched); raises
   BudgetError when none fits.
   """
-  calibrated_at = {} if calibrated_at is None else calibrated_at
+  calibration = calibrations[policy.other_scheduler]
   if k == 0 and ratios is not None:
     fast = compile_with_fusions(analysis, dims, policy, lower, ratios)
     if fast is not None:
@@ -628,7 +626,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   def xla_bytes(k: int) -> int:
     if len(compiled) == LONG_SEARCH and not any(policy.fits(v.xla_bytes) for v in compiled):
       _warn_long_search(analysis, dims, compiled, policy)
-    compiled.append(compile_round(analysis, dims, k, policy, lower, calibration, calibrated_at))
+    compiled.append(compile_round(analysis, dims, k, policy, lower, calibration))
     held.append(policy.agree(resident_bytes(compiled[-1].executable)))   # the same branch everywhere
     return compiled[-1].xla_bytes
 
@@ -637,9 +635,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
 
   peaks = analysis_lib.RoundPeaks(analysis, dims, predicted=True)
   scale = (None if policy.budget is None
-           else transferable(calibration, calibrated_at, peaks))
+           else transferable(calibration.ratios, calibration.at, peaks))
   order, at, ranked = _on_ladder(analysis, dims, peaks)
-  search_rounds(ranked, at[k], peaks[k] * calibration.get(k, 1.0),
+  search_rounds(ranked, at[k], peaks[k] * calibration.ratios.get(k, 1.0),
                 lambda p: xla_bytes(order[p]), policy.fits, policy.max_recompiles,
                 None if scale is None else {at[r]: v for r, v in scale.items()},
                 at[last], at[analysis.as_written_round],
@@ -648,7 +646,7 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   own = len(compiled)
   if not fitting and policy.fits(resident()):   # else no order of the work can fit
     fitting = _with_the_other_scheduler(analysis, dims, compiled, policy, lower,
-                                        other_calibration or Calibration())
+                                        calibrations[not policy.other_scheduler])
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
     figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
