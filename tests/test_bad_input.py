@@ -401,22 +401,29 @@ def test_string_argument():
   assert float(static(jnp.arange(4.0), mode="max")) == 3.0
 
 
-def test_dtype_other_than_traced():
+def test_another_dtype_is_traced_anew_as_jax_jit_does():
   g = symmem.jit(jnp.sum, polymorphic_shapes=("n",))
   assert int(g(jnp.array([True, False, True]))) == 2
-  # Run by the bool-traced program, floats would be cast to int: 0.5 + 1.5 -> 1, not 2.0.
-  for x in (jnp.array([0.5, 1.5, 1.0]), jnp.array([0.5, 1.5])):
-    with pytest.raises(TypeError, match=r"args\[0\] has dtype float32, but it was traced for bool"):
-      g(x)
+  # Run by the bool-traced program, floats would be cast to int (0.5 + 1.5 -> 1): they get
+  # their own trace, as under jax.jit, and the bool one stays.
+  for x in (jnp.array([0.5, 1.5, 1.0]), jnp.array([0.5, 1.5]), jnp.array([True, True])):
+    out = g(x)
+    assert out.dtype == jax.jit(jnp.sum)(x).dtype
+    np.testing.assert_array_equal(out, jax.jit(jnp.sum)(x))
+  assert len(g._entries) == 2 and g.cache_info()["compiles"] == 4   # each dtype at n = 3 and 2
   f = symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("n",))
   f(jnp.ones(3))
   np.testing.assert_allclose(f(np.ones(4)), 2 * np.ones(4))   # float64 is float32 without x64
-  # Typed and raw PRNG keys do not cast into each other: the message says how to convert.
-  noise = symmem.jit(lambda x, key: x + jax.random.normal(key, x.shape),
-                     polymorphic_shapes=("n", None))
-  noise(jnp.ones(3), jax.random.key(0))
-  with pytest.raises(TypeError, match=r"traced for key<fry>.*jax\.random\.wrap_key_data"):
-    noise(jnp.ones(3), jax.random.PRNGKey(0))
+  assert len(f._entries) == 1
+  # Typed and raw PRNG keys each have their trace too; the draws are jax.jit's.
+  def noise(x, key):
+    return x + jax.random.normal(key, x.shape)
+  h = symmem.jit(noise, polymorphic_shapes=("n", None))
+  for key in (jax.random.key(0), jax.random.PRNGKey(0), jax.random.key(1)):
+    np.testing.assert_array_equal(h(jnp.ones(3), key), jax.jit(noise)(jnp.ones(3), key))
+  assert len(h._entries) == 2
+  assert h.analyze(jnp.ones(3), jax.random.PRNGKey(0)) is not h.analyze(jnp.ones(3),
+                                                                          jax.random.key(0))
 
 
 def test_keyword_arguments_that_have_no_position_to_go_to():

@@ -237,6 +237,17 @@ def _check_jit_options(jit_kwargs) -> None:
                     f"jax.jit's options are {', '.join(_JAX_JIT_OPTIONS)}")
 
 
+def _dtypes_match(entry: _Entry, flat) -> bool:
+  """Whether the leaves have the dtypes `entry` was traced for (one that fell back: yes,
+  jax.jit traces anew for other dtypes itself)."""
+  if entry.analysis is None:
+    return True
+  if entry.spec_dtypes is None:
+    entry.spec_dtypes = tuple(
+        s.dtype for s in jax.tree_util.tree_leaves(entry.analysis.traced.in_specs))
+  return all(getattr(x, "dtype", None) == d for x, d in zip(flat, entry.spec_dtypes))
+
+
 class SymmemFunction:
   """The function returned by `symmem.jit`."""
 
@@ -304,7 +315,7 @@ class SymmemFunction:
     if traced:
       return self._call_traced(args, kwargs)
     try:
-      entry = self._entry(static_key, bound, dyn_args, len(args))
+      entry = self._entry_for(static_key, bound, dyn_args, flat, len(args))
     except ShapeSpecError:
       validation.check_arrays(self._caller(), dyn_args)   # a str or Python number: TypeError
       raise
@@ -312,12 +323,6 @@ class SymmemFunction:
       return self._call_fallback(entry, args, kwargs)
     analysis = entry.analysis
     traced = analysis.traced
-    if entry.spec_dtypes is None:
-      entry.spec_dtypes = tuple(s.dtype for s in jax.tree_util.tree_leaves(traced.in_specs))
-    if any(getattr(x, "dtype", None) != d for x, d in zip(flat, entry.spec_dtypes)):
-      # The executables are specialized to the traced dtypes: another dtype would be
-      # reinterpreted by the traced program (e.g. bool -> int casts), never retraced.
-      validation.check_dtypes(self._caller(), traced, dyn_args, entry.spec_dtypes)
     try:
       dims = traced.bind_dims(*dyn_args)
     except ShapeError:
@@ -384,8 +389,8 @@ class SymmemFunction:
   def analyze(self, *args, **kwargs) -> analysis_lib.Analysis:
     """The symbolic analysis for these (example) arguments."""
     args, kwargs = self._bind_keywords(args, kwargs)
-    static_key, dyn_args, _, bound, _ = self._split(args, kwargs)
-    entry = self._entry(static_key, bound, dyn_args, len(args))
+    static_key, dyn_args, flat, bound, _ = self._split(args, kwargs)
+    entry = self._entry_for(static_key, bound, dyn_args, flat, len(args))
     if entry.analysis is None:
       raise SymmemError(f"{self.__name__} fell back to jax.jit; see the logged warning")
     return entry.analysis
@@ -530,6 +535,25 @@ class SymmemFunction:
       shapes = tuple(s for i, s in enumerate(shapes) if i not in self._static_argnums)
     return shapes
 
+  def _entry_for(self, static_key, bound, dyn_args, flat, nargs: int) -> _Entry:
+    """The entry for a call: `_entry`, or where a leaf has another dtype than that entry
+    was traced for, the entry for these dtypes, as jax.jit traces anew for them (the
+    executables are specialized to the traced dtypes: run by them, floats passed to a
+    step traced for bools would be cast). Only the dtypes of the first trace are read on
+    each call: the key holds them only for the others."""
+    entry = self._entry(static_key, bound, dyn_args, nargs)
+    if _dtypes_match(entry, flat):
+      return entry
+    validation.check_arrays(self._caller(), dyn_args)   # a str: TypeError
+    dtypes = tuple(jax.dtypes.canonicalize_dtype(x.dtype) for x in flat)   # float64: float32
+    if dtypes == entry.spec_dtypes:   # without x64, as under jax.jit
+      return entry
+    entry = self._entry(static_key + (dtypes,), bound, dyn_args, nargs)
+    if not _dtypes_match(entry, flat):
+      raise SymmemError(f"{self.__name__} was traced for the dtypes {dtypes} and took "
+                        f"{entry.spec_dtypes} (a defect of jax_symmem)")
+    return entry
+
   def _entry(self, static_key, bound, dyn_args, nargs: int) -> _Entry:
     """The entry for these static arguments, traced and analysed on first use."""
     with self._lock:
@@ -540,7 +564,7 @@ class SymmemFunction:
       budget = self._budget()
       if self._entries:   # as jax.jit retraces: each is traced and planned once
         logging.info("jax_symmem: %s traced again: static arguments or the arguments' pytree "
-                     "structure or weak types not seen before (%d traced so far)",
+                     "structure, weak types or dtypes not seen before (%d traced so far)",
                      bound.__name__, len(self._entries))
       try:
         if self._jit_kwargs:

@@ -42,20 +42,6 @@ def check_arrays(caller: Caller, dyn_args) -> None:
         "is not an array; mark it static with static_argnums/static_argnames")
 
 
-def check_dtypes(caller: Caller, traced, dyn_args, spec_dtypes) -> None:
-  check_arrays(caller, dyn_args)
-  paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
-  for (path, x), want in zip(paths, spec_dtypes):
-    if jax.dtypes.canonicalize_dtype(x.dtype) != want:   # float64 is float32 without x64
-      keys = [jax.dtypes.issubdtype(d, jax.dtypes.prng_key) for d in (x.dtype, want)]
-      convert = ("jax.random.key_data(key)" if keys[0] else "jax.random.wrap_key_data(data)"
-                 if keys[1] else f"x.astype({want})")   # typed keys do not cast
-      raise TypeError(
-          f"{traced.fun_name}: argument {where(caller, path)} has dtype {x.dtype}, but it was "
-          f"traced for {want}; symmem.jit traces once per static arguments: convert it "
-          f"({convert}) or use a separate symmem.jit for the other dtype")
-
-
 def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
   """A clearer ShapeError for an axis traced static whose size changed, or a size that
   is no multiple its spec declares (e.g. 8*k from 's == 8*k')."""
