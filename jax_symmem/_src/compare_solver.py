@@ -124,6 +124,15 @@ class Solver:
     if self.witness[sign] is None:
       self.probe(env)
 
+  def on_exact_point(self, env: dict[str, int], sign: int) -> None:
+    """`on_point` where the box problem's polynomial is the difference itself: its sign
+    there is the original's (the vars it lacks are absent from the difference, or a
+    common factor >= 1 divided out), so the point needs completing, not evaluating."""
+    if self.witness[sign] is None:
+      full = self.complete(env)
+      if full is not None:
+        self.witness[sign] = full
+
   def complete(self, env: Mapping[str, int]) -> dict[str, int] | None:
     """Fills the free vars `env` lacks so that every constraint holds (small search)."""
     free = self.free_vars
@@ -191,7 +200,7 @@ class Solver:
       names, P = plain
       if not names:   # no variable left: P is {(): c} or empty
         return self._constant(P.get((), 0))
-      return self._decide_plain(names, P)
+      return self._decide_plain(names, P, exact=True)
     diff = self.reduced_difference()
     if all(not mono for mono in diff):
       return self._constant(diff.get((), 0))
@@ -216,10 +225,13 @@ class Solver:
     res.dim, res.pieces = None, ()
     return self._finish(res, d.variables())
 
-  def _decide_plain(self, names: list[str], P: dict[tuple[int, ...], int]) -> Ordering:
+  def _decide_plain(self, names: list[str], P: dict[tuple[int, ...], int],
+                    exact: bool = False) -> Ordering:
     """Decides P (exponents over the sorted `names`) with the inequalities that have no atoms.
 
     Their variables join `names` (they may cut the box), with exponent 0 in P.
+    `exact`: P is lhs - rhs itself, with the substitutions applied, so its sign at a
+    point is the original's at that point completed (`on_exact_point`).
     """
     ineqs = [g for g in self.cons.inequalities if not has_ops(g)]
     gs = []
@@ -231,7 +243,8 @@ class Solver:
         names = wider
       gs = [to_dict(g, names) for g in ineqs]
     box = [self.bound(v) for v in names]
-    res = BoxProblem(self.search, P, names, box, gs, self.on_point).decide()
+    on_point = self.on_exact_point if exact else self.on_point
+    res = BoxProblem(self.search, P, names, box, gs, on_point).decide()
     return self._finish(res, names)
 
   def _plain_difference(self) -> tuple[list[str], dict[tuple[int, ...], int]] | None:
