@@ -75,6 +75,20 @@ def test_spec_of_the_wrong_rank():
     f(jnp.ones((2, 3)))
 
 
+def test_a_spec_with_a_static_axis_the_argument_lacks_names_the_argument():
+  # jax.export's own message ("cannot resolve placeholder '_'") names neither.
+  f = symmem.jit(lambda w, b: (b["x"].sum(-1) * b["mask"]).sum() * w,
+                 polymorphic_shapes=(None, {"x": "b, s, _", "mask": "b, s, _"}))
+  batch = {"x": jnp.ones((2, 3, 4)), "mask": jnp.ones((2, 3))}
+  with pytest.raises(symmem.ShapeSpecError,
+                     match=r"args\[1\]\['mask'\] has rank 3 \('b, s, _'\) .* shape \(2, 3\)"):
+    f(1.0, batch)
+  g = symmem.jit(lambda w, b: b["x"].sum() * w, polymorphic_shapes=(None, "b, s, _"))
+  with pytest.raises(symmem.ShapeSpecError, match=r"args\[1\]\['mask'\] has rank 3"):
+    g(1.0, batch)   # one spec for every leaf of the batch
+  assert float(symmem.jit(g.__wrapped__, polymorphic_shapes=(None, "b, ..."))(1.0, batch)) == 24.0
+
+
 def test_contradictory_constraints():
   with pytest.raises(symmem.ConstraintError, match="contradict"):   # where given
     symmem.jit(lambda x: x * 2.0, polymorphic_shapes=("b",), constraints=("b >= 8", "b <= 4"))
@@ -107,6 +121,15 @@ def test_another_pytree_structure_is_traced_anew_as_jax_jit_does():
     np.testing.assert_allclose(g(p, jnp.arange(n, dtype=jnp.float32)),
                                jax.jit(f)(p, jnp.arange(n, dtype=jnp.float32)), rtol=1e-6)
   assert g.cache_info()["compiles"] == 4 and len(g.calibration()) == 3   # three traced
+  # A spec dict may name entries a batch has at some calls only (an optional mask).
+  def masked(w, batch):
+    y = batch["x"].sum(-1) * w
+    return (y * batch["mask"]).sum() if "mask" in batch else y.sum()
+  m = symmem.jit(masked, polymorphic_shapes=(None, {"x": "b, s, _", "mask": "b, s"}))
+  x, mask = jnp.ones((2, 3, 4)), jnp.asarray([[1.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+  for batch in ({"x": x}, {"x": x, "mask": mask}, {"x": x[:1]}):
+    assert float(m(2.0, batch)) == float(jax.jit(masked)(2.0, batch))
+  assert len(m._entries) == 2
   # A structure the step cannot take: its own error, as jax.jit raises it.
   h = symmem.jit(lambda p, x: p["w"] * x, polymorphic_shapes=(None, "n"))
   h({"w": jnp.ones(())}, jnp.ones(3))
@@ -422,6 +445,11 @@ def test_another_dtype_is_traced_anew_as_jax_jit_does():
   for key in (jax.random.key(0), jax.random.PRNGKey(0), jax.random.key(1)):
     np.testing.assert_array_equal(h(jnp.ones(3), key), jax.jit(noise)(jnp.ones(3), key))
   assert len(h._entries) == 2
+  # The other way round, and another key implementation: typed keys are extended dtypes.
+  raw_first = symmem.jit(noise, polymorphic_shapes=("n", None))
+  for key in (jax.random.PRNGKey(0), jax.random.key(0), jax.random.key(0, impl="rbg")):
+    np.testing.assert_array_equal(raw_first(jnp.ones(3), key), jax.jit(noise)(jnp.ones(3), key))
+  assert len(raw_first._entries) == 3
   assert h.analyze(jnp.ones(3), jax.random.PRNGKey(0)) is not h.analyze(jnp.ones(3),
                                                                           jax.random.key(0))
 

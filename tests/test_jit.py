@@ -128,6 +128,8 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   assert [v.round for v in step.compiled(b=1, s=8)] == [0]
   assert step.compiled(b=1) == step.compiled(b=1, s=8)   # partial dims filter
   assert {v.dims["s"] for v in step.compiled()} == {8, 128} and step.compiled(b=3) == []
+  with pytest.raises(ValueError, match="has no dim 'q'; its dims are b, s"):
+    step.compiled(q=2)   # a misspelt dim would match nothing, silently
   options = {v["dims"]["s"]: v["memory_options"] for v in step.variants()}
   assert options == {8: False, 128: True}
   assert step.last_call["dims"] == {"b": 1, "s": 8} and step.last_call["round"] == 0
@@ -521,6 +523,20 @@ class _Scaled:
     return jnp.tanh(x * self.scale).sum(-1)
 
 
+def test_clear_cache_and_static_arguments_as_under_jax_jit():
+  step = symmem.jit(lambda x, n: x * n, polymorphic_shapes=("b",), static_argnums=1)
+  with pytest.raises(ValueError, match="Non-hashable static arguments are not supported"):
+    step(jnp.ones(2), [2])
+  with pytest.raises(ValueError, match="Non-hashable static arguments are not supported"):
+    jax.jit(lambda x, n: x * n, static_argnums=1)(jnp.ones(2), [2])
+  step(jnp.ones(2), 2)
+  assert step.cache_info()["compiles"] == 1 and len(step.compiled()) == 1
+  step.clear_cache()   # as jax.jit's: the executables go, the next call compiles anew
+  assert step.compiled() == [] and step.variants() == []
+  np.testing.assert_array_equal(step(jnp.ones(2), 2), 2 * jnp.ones(2))
+  assert step.cache_info()["compiles"] == 2 and len(step.compiled()) == 1
+
+
 def test_a_method_binds_its_instance_as_jax_jit_does():
   a, b = _Scaled(2.0), _Scaled(3.0)
   x = jnp.asarray(np.random.RandomState(0).randn(2, 5), jnp.float32)
@@ -549,6 +565,47 @@ def test_under_disable_jit_the_step_runs_as_python_as_jax_jit_does():
   assert seen == [False] and step.cache_info()["compiles"] == 0
   step(x)
   assert step.cache_info()["compiles"] == 1
+
+
+def _nan_at_a_shape(x):
+  return jnp.log(x.sum(-1) - x.shape[1])   # log of a negative: nan
+
+
+@pytest.mark.parametrize("budget", [None, "1GiB"])
+def test_under_debug_nans_a_nan_is_the_floating_point_error_jax_jit_raises(budget):
+  x = jnp.ones((2, 5)) * 0.5
+  step = symmem.jit(_nan_at_a_shape, polymorphic_shapes=("b, s",), memory_budget=budget)
+  with jax.debug_nans(True):
+    with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+      jax.jit(_nan_at_a_shape)(x)
+    with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+      step(x)
+  assert bool(jnp.isnan(step(x)).all())   # checks off: the value, as under jax.jit
+  # Compiled without the checks, a step donates its argument into an output of its shape:
+  # it is gone when a later call finds the nan (compiled with them, it is kept, as by jax.jit).
+  donating = symmem.jit(lambda x: (2 * x, _nan_at_a_shape(x)), polymorphic_shapes=("b, s",),
+                        donate_argnums=0, memory_budget=budget)
+  donating(jnp.full((2, 5), 0.5))
+  with jax.debug_nans(True):
+    with pytest.raises(FloatingPointError, match="nan.*donates its arguments"):
+      donating(jnp.full((2, 5), 0.5))
+
+
+def test_the_configuration_a_trace_reads_is_traced_anew_as_under_jax_jit():
+  x, y = jnp.ones((2, 3)), jnp.ones((3,))
+  step = symmem.jit(lambda x, y: (x + y).sum(), polymorphic_shapes=("b, s", "s"))
+  assert float(step(x, y)) == 12.0
+  with jax.numpy_rank_promotion("raise"):   # (b, s) + (s,) is an error there
+    with pytest.raises(ValueError, match="jax_numpy_rank_promotion=.raise."):
+      jax.jit(lambda x, y: (x + y).sum())(x, y)
+    with pytest.raises(ValueError, match="jax_numpy_rank_promotion=.raise."):
+      step(x, y)
+  half = symmem.jit(lambda x: x + jnp.ones((), jnp.bfloat16), polymorphic_shapes=("b, s",))
+  assert half(x).dtype == jnp.float32
+  with jax.numpy_dtype_promotion("strict"):
+    with pytest.raises(ValueError, match="jax_numpy_dtype_promotion=strict"):   # TypePromotionError
+      half(x)
+  assert float(step(x, y)) == 12.0 and half(x).dtype == jnp.float32   # the first traces stay
 
 
 def _checked_loss(w, x):

@@ -92,6 +92,9 @@ def test_updates_the_objects_in_place_as_nnx_jit_does(shapes):
   assert info["fallback_calls"] == 0 and info["compiles"] == len(set(shapes))
   assert info["hits"] == len(shapes) - info["compiles"]
   assert step.last_call["dims"] == {"b": 4, "s": 32}
+  step.clear_cache()   # as jax.jit's: the next call compiles anew
+  step(model, opt, *_batch(4, 32, 0))
+  assert step.cache_info()["compiles"] == info["compiles"] + 1
 
 
 class _Trainer(nnx.Module):

@@ -109,6 +109,20 @@ def test_scan_counts_read_both_layouts_of_a_scans_params():
   assert tracing.scan_counts({"ft_in": Packed((1, 2), (3,), (4, 5, 6))}) == (2, 1)
 
 
+def test_the_jax_internals_jit_parity_reads():
+  # symmem.jit keys its traces on jax's trace context and raises jax.jit's error for a nan
+  # under jax_debug_nans (test_jit.py): both read JAX internals, checked here on each jax.
+  outside = tracing.trace_context()
+  hash(outside)
+  with jax.numpy_rank_promotion("raise"):
+    assert tracing.trace_context() != outside
+  assert tracing.trace_context() == outside
+  e = tracing.InternalFloatingPointError("jit(step)", "nan")
+  with jax.debug_nans(True):
+    with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in log"):
+      tracing.raise_floating_point_error(e, lambda x: jnp.log(x), (jnp.array(-1.0),), {})
+
+
 def test_trace_records_dims_constraints_and_trees():
   traced = symmem.trace(lambda d: {"y": d["x"] * 2}, {"x": jax.ShapeDtypeStruct((2, 3), F32)},
                         polymorphic_shapes=({"x": "b, s"},), constraints=("s <= 64",))

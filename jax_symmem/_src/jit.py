@@ -304,6 +304,12 @@ class SymmemFunction:
   def __call__(self, *args, **kwargs):
     if jax.config.jax_disable_jit:   # as under jax.jit: the step runs as Python, op by op
       return self._fun(*args, **kwargs)
+    try:
+      return self._call(args, kwargs)
+    except tracing.InternalFloatingPointError as e:   # jax_debug_nans: as jax.jit says it
+      tracing.raise_floating_point_error(e, self._fun, args, kwargs)
+
+  def _call(self, args, kwargs):
     if kwargs:
       try:
         args, kwargs = self._bind_keywords(args, kwargs)
@@ -439,10 +445,24 @@ class SymmemFunction:
   def compiled(self, **dims: int) -> list[variants_lib.Variant]:
     """The variants compiled at dims matching these (all when none are given: `b=4`
     alone gives every length at b=4), with their executables (`.executable`: e.g.
-    `.as_text()`, `.memory_analysis()`)."""
+    `.as_text()`, `.memory_analysis()`). ValueError for a dim no trace has."""
     with self._lock:
+      known = {d for e in self._entries.values() if e.analysis is not None
+               for d in e.analysis.traced.dims}
+      unknown = sorted(set(dims) - known)
+      if unknown and known:
+        raise ValueError(f"{self.__name__} has no dim {', '.join(map(repr, unknown))}; its "
+                         f"dims are {', '.join(sorted(known))}")
       return [v for e in self._entries.values() for v in e.variants.values()
               if all(v.dims.get(k) == x for k, x in dims.items())]
+
+  def clear_cache(self) -> None:
+    """Drops every trace, plan and executable, as jax.jit's `clear_cache` drops its
+    executables: the next call traces, plans and compiles anew (`cache_info()` counts on)."""
+    with self._lock:
+      self._entries.clear()
+      if self._jax_jit is not None:
+        self._jax_jit.clear_cache()
 
   def calibration(self) -> list[dict[int, float]]:
     """Per set of static arguments: round -> XLA's footprint / the predicted one
@@ -491,11 +511,12 @@ class SymmemFunction:
     static_kwargs = tuple(sorted(kwargs.items()))
     try:
       hash((static, static_kwargs))
-    except TypeError as e:
-      raise TypeError(f"static arguments must be hashable: {e}") from None
-    # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes).
+    except TypeError as e:   # jax.jit's error and words
+      raise ValueError(f"Non-hashable static arguments are not supported: {e}") from None
+    # As jax.jit, a leaf's weak type is part of the trace (it decides result dtypes), and
+    # so is the configuration a trace reads (rank promotion, matmul precision, ...).
     weak = tuple(bool(getattr(x, "weak_type", False)) for x in leaves)
-    static_key = (static, static_kwargs, len(args), treedef, weak)
+    static_key = (static, static_kwargs, len(args), treedef, weak, tracing.trace_context())
     # Closes over the static arguments only: the traced program keeps `bound`, and
     # holding the first call's arrays would keep them resident (and counted as
     # other live memory against the budget) for the life of the step.
@@ -545,7 +566,8 @@ class SymmemFunction:
     if _dtypes_match(entry, flat):
       return entry
     validation.check_arrays(self._caller(), dyn_args)   # a str: TypeError
-    dtypes = tuple(jax.dtypes.canonicalize_dtype(x.dtype) for x in flat)   # float64: float32
+    dtypes = tuple(jax.dtypes.canonicalize_dtype(x.dtype, allow_extended_dtype=True)
+                   for x in flat)   # float64: float32; typed PRNG keys as they are
     if dtypes == entry.spec_dtypes:   # without x64, as under jax.jit
       return entry
     entry = self._entry(static_key + (dtypes,), bound, dyn_args, nargs)

@@ -101,6 +101,11 @@ class NnxFunction:
         total[k] = total.get(k, 0) + v
     return total
 
+  def clear_cache(self) -> None:
+    """`SymmemFunction.clear_cache()` for each graph definition seen."""
+    for step in self._steps.values():
+      step.clear_cache()
+
   @property
   def last_call(self) -> dict | None:
     return None if self.jitted is None else self.jitted.last_call

@@ -20,7 +20,7 @@ import functools
 import itertools
 import re
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import jax
 from jax import api_util
@@ -32,6 +32,7 @@ from jax._src import config as _jax_config   # _check_vma: `inside_shard_map`
 # jax._src.core in every version pyproject.toml allows.
 from jax._src import core as _jax_core
 from jax._src import source_info_util
+from jax._src import api_util as _jax_api_util   # InternalFloatingPointError: `run_checked`
 from jax._src.lax import lax as _jax_lax   # _ragged_dot_general_impl: `_dense_ragged_dot`
 
 from jax_symmem._src import compare as compare_lib
@@ -424,6 +425,29 @@ class _Flattener:
     for k, o in zip(fenced, outs):
       ins[k] = o
     return ins
+
+
+def trace_context() -> Any:
+  """What jax.jit keys its traces on besides the arguments: the configuration a trace
+  reads (rank and dtype promotion, matmul precision, x64, ...), as a hashable value."""
+  return _jax_config.trace_context()
+
+
+# What a jitted computation raises where jax_debug_nans / jax_debug_infs finds a nan or inf.
+InternalFloatingPointError = _jax_api_util.InternalFloatingPointError
+
+
+def raise_floating_point_error(e: Exception, step: Callable, args, kwargs) -> NoReturn:
+  """The FloatingPointError jax.jit raises for `e`: the step is run again op by op (as
+  written, without jit) to name the operation, unless arguments it donated are gone."""
+  if any(getattr(x, "is_deleted", lambda: False)() for x in jax.tree_util.tree_leaves(args)):
+    raise FloatingPointError(
+        f"invalid value ({e.ty}) encountered in {function_name(step)}; it donates its "
+        "arguments, so it could not be run again op by op to name the operation (jax.jit "
+        "does not donate under jax_debug_nans): call it without donate_argnums to find "
+        "it") from None
+  _jax_api_util.maybe_recursive_nan_check(e, step, args, kwargs)   # raises
+  raise e
 
 
 def function_name(fun) -> str:
@@ -986,6 +1010,58 @@ def _check_ranks(args, specs) -> None:
           "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
 
 
+def _without_absent_keys(spec, arg):
+  """`spec` without the dict keys `arg` lacks, wherever both are dicts: a batch's optional
+  entries (a mask passed at some calls) may have specs, as jax.jit needs none."""
+  if isinstance(spec, dict) and isinstance(arg, dict):
+    return {k: _without_absent_keys(v, arg[k]) for k, v in spec.items() if k in arg}
+  if (isinstance(spec, (tuple, list)) and isinstance(arg, (tuple, list))
+      and len(spec) == len(arg)):
+    return type(spec)(_without_absent_keys(v, a) for v, a in zip(spec, arg))
+  return spec
+
+
+def _spec_entries(spec: str) -> tuple[int, bool]:
+  """(axes named, whether '...' keeps the rest) of a shape spec string; commas inside
+  an operation's parentheses do not count."""
+  depth, parts, start = 0, [], 0
+  for i, ch in enumerate(spec):
+    depth += (ch == "(") - (ch == ")")
+    if ch == "," and depth == 0:
+      parts.append(spec[start:i])
+      start = i + 1
+  parts.append(spec[start:])
+  parts = [p.strip() for p in parts]
+  if parts and not parts[-1]:   # a trailing comma
+    parts.pop()
+  return sum(p != "..." for p in parts), "..." in parts
+
+
+def _check_spec_ranks(args, polymorphic_shapes) -> None:
+  """After jax.export refused the specs: a ShapeSpecError naming an argument whose spec
+  string has another rank (jax.export's own message for a '_' on an axis the argument
+  lacks names neither the argument nor its shape)."""
+  def visit(path, spec, sub):
+    if not isinstance(spec, str):
+      return
+    named, rest = _spec_entries(spec)
+    for sub_path, leaf in jax.tree_util.tree_flatten_with_path(sub)[0]:
+      shape = tuple(getattr(leaf, "shape", ()))
+      if named > len(shape) or (named < len(shape) and not rest):
+        raise ShapeSpecError(
+            f"the polymorphic shape for argument args{jax.tree_util.keystr(path + sub_path)} "
+            f"has rank {named} ({spec!r}) but the argument has shape {shape}; write one "
+            "entry per axis ('_' keeps an axis static, '...' keeps the rest)")
+  prefix = tuple(polymorphic_shapes) if isinstance(polymorphic_shapes, list) else polymorphic_shapes
+  try:
+    jax.tree_util.tree_map_with_path(visit, prefix, args,
+                                     is_leaf=lambda x: x is None or isinstance(x, str))
+  except ShapeSpecError:
+    raise
+  except Exception:  # noqa: BLE001 - not a prefix of the arguments: jax.export's message
+    pass
+
+
 def scalars_as_arrays(tree) -> tuple[Any, list[Any], Any]:
   """(tree, its leaves, its structure) with Python numbers as the weakly typed scalars
   `jax.jit` traces them as (flax's `TrainState.create` keeps `step=0` a Python int);
@@ -1015,10 +1091,12 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
         f"polymorphic_shapes {tuple(polymorphic_shapes)!r} has {len(polymorphic_shapes)} "
         f"entr{'y' if len(polymorphic_shapes) == 1 else 'ies'} for {len(args)} array "
         "arguments: give one per argument (None where no axis changes between calls)")
+  polymorphic_shapes = _without_absent_keys(polymorphic_shapes, tuple(args))
   try:
     specs = export.symbolic_args_specs(tuple(args), polymorphic_shapes,
                                        constraints=tuple(constraints))
   except ValueError as e:
+    _check_spec_ranks(tuple(args), polymorphic_shapes)   # '_' on a missing axis: name it
     if constraints:   # jax.export parses both: say which one it could not use
       try:
         export.symbolic_args_specs(tuple(args), polymorphic_shapes)
