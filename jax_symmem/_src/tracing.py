@@ -32,7 +32,7 @@ from jax._src import config as _jax_config   # _check_vma: `inside_shard_map`
 # jax._src.core in every version pyproject.toml allows.
 from jax._src import core as _jax_core
 from jax._src import source_info_util
-from jax._src import api_util as _jax_api_util   # InternalFloatingPointError: `run_checked`
+from jax._src import api_util as _jax_api_util   # `raise_floating_point_error`
 from jax._src.lax import lax as _jax_lax   # _ragged_dot_general_impl: `_dense_ragged_dot`
 
 from jax_symmem._src import compare as compare_lib
@@ -1017,7 +1017,8 @@ def _without_absent_keys(spec, arg):
     return {k: _without_absent_keys(v, arg[k]) for k, v in spec.items() if k in arg}
   if (isinstance(spec, (tuple, list)) and isinstance(arg, (tuple, list))
       and len(spec) == len(arg)):
-    return type(spec)(_without_absent_keys(v, a) for v, a in zip(spec, arg))
+    items = [_without_absent_keys(v, a) for v, a in zip(spec, arg)]
+    return type(spec)(*items) if hasattr(spec, "_fields") else type(spec)(items)   # namedtuple
   return spec
 
 
