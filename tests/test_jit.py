@@ -529,6 +529,14 @@ def test_clear_cache_and_static_arguments_as_under_jax_jit():
     step(jnp.ones(2), [2])
   with pytest.raises(ValueError, match="Non-hashable static arguments are not supported"):
     jax.jit(lambda x, n: x * n, static_argnums=1)(jnp.ones(2), [2])
+  # Names and positions the step lacks: jax.jit's ValueError (a misspelt static name would
+  # leave that argument traced, a misspelt donation would donate nothing).
+  for bad in (dict(donate_argnames="nope"), dict(donate_argnums=5), dict(static_argnames="m"),
+              dict(static_argnums=(1, 5))):
+    for jit in (jax.jit, functools.partial(symmem.jit, polymorphic_shapes=("b",))):
+      with pytest.raises(ValueError, match=r"invalid argnames \{'(nope|m)'\} in (donate|static)"
+                         r"_argnames|argnums=\(.*5,?\), but only accepts 2 positional"):
+        jit(lambda x, n: x * n, **bad)
   step(jnp.ones(2), 2)
   assert step.cache_info()["compiles"] == 1 and len(step.compiled()) == 1
   step.clear_cache()   # as jax.jit's: the executables go, the next call compiles anew

@@ -133,5 +133,45 @@ def test_nnx_objects_take_no_shape_spec_and_a_pure_step_is_pointed_to_symmem_jit
     symmem.nnx_jit(train_step, polymorphic_shapes=("b", None, "b, s", "b, s"))(model, opt, *batch)
   with pytest.raises(TypeError, match="use symmem.jit for pure steps"):
     symmem.nnx_jit(lambda t, m: t, polymorphic_shapes=("b, s", "b, s"))(*batch)
-  with pytest.raises(TypeError, match="donate_argnums"):
-    symmem.nnx_jit(train_step, polymorphic_shapes=SHAPES, donate_argnums=0)
+  with pytest.raises(TypeError, match="in_shardings"):
+    symmem.nnx_jit(train_step, polymorphic_shapes=SHAPES, in_shardings=None)
+
+
+def _linear_and_sgd():
+  model = nnx.Linear(4, 3, rngs=nnx.Rngs(0))
+  return model, nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+
+def _dict_step(objs, x, scale=1.0):
+  """Objects in a dict, a static keyword, the model returned."""
+  loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2) * scale)(objs["model"])
+  objs["opt"].update(objs["model"], grads)
+  return loss, objs["model"]
+
+
+def test_objects_anywhere_in_the_arguments_donated_static_and_returned_as_nnx_jit():
+  ref_model, ref_opt = _linear_and_sgd()
+  model, opt = _linear_and_sgd()
+  ref = nnx.jit(_dict_step, static_argnames="scale", donate_argnums=0)
+  step = symmem.nnx_jit(_dict_step, polymorphic_shapes=(None, "b, s, _"),
+                        static_argnames="scale", donate_argnums=0)
+  x = jnp.asarray(np.random.RandomState(0).randn(2, 5, 4), jnp.float32)
+  for scale in (1.0, 2.0, 2.0):
+    old = model.kernel[...]
+    want_loss, want_model = ref({"model": ref_model, "opt": ref_opt}, x, scale=scale)
+    loss, back = step({"model": model, "opt": opt}, x, scale=scale)
+    assert want_model is ref_model and back is model   # the object itself, not a copy
+    assert old.is_deleted()   # donated, as nnx.jit donates it
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
+  np.testing.assert_allclose(model.kernel[...], ref_model.kernel[...], rtol=1e-6)
+  assert int(opt.step[...]) == 3 and step.cache_info()["compiles"] == 2   # one per scale
+  # A tuple of objects; the objects' state donated with some of them only: refused.
+  pair = symmem.nnx_jit(lambda mo, x: _dict_step(dict(zip(("model", "opt"), mo)), x)[0],
+                        polymorphic_shapes=(None, "b, s, _"))
+  before = float(jnp.mean(model(x) ** 2))
+  assert float(pair((model, opt), x)) == pytest.approx(before, rel=1e-6)
+  assert int(opt.step[...]) == 4
+  partly = symmem.nnx_jit(lambda m, o, x: _dict_step({"model": m, "opt": o}, x)[0],
+                          polymorphic_shapes=(None, None, "b, s, _"), donate_argnums=0)
+  with pytest.raises(TypeError, match="donated together"):
+    partly(model, opt, x)

@@ -116,9 +116,12 @@ class _Entry:
     return self.calibrations[self.other_scheduler]
 
 
-def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple[str, ...]]:
+def _positions_and_names(fun, argnums, argnames, option: str = "static"
+                         ) -> tuple[tuple[int, ...], tuple[str, ...]]:
   """As jax.jit does: arguments given by position also by name, and by name also by
-  position, from `fun`'s signature, so a static argument may be passed either way."""
+  position, from `fun`'s signature, so a static argument may be passed either way; a
+  name or position the signature lacks is jax.jit's ValueError (`option`: "static" or
+  "donate", for the message)."""
   argnums = {argnums} if isinstance(argnums, int) else set(argnums)
   argnames = [argnames] if isinstance(argnames, str) else list(argnames)
   sig = signature(fun)
@@ -126,6 +129,16 @@ def _positions_and_names(fun, argnums, argnames) -> tuple[tuple[int, ...], tuple
     return tuple(sorted(argnums)), tuple(argnames)
   params = list(sig.parameters.values())
   positional = [p for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+  kinds = {p.kind for p in params}
+  if inspect.Parameter.VAR_KEYWORD not in kinds:
+    invalid = set(argnames) - {p.name for p in params if p.kind is not p.VAR_POSITIONAL}
+    if invalid:
+      raise ValueError(f"Jitted function has invalid argnames {invalid} in {option}_argnames. "
+                       "Function does not take these args.")
+  if inspect.Parameter.VAR_POSITIONAL not in kinds and any(
+      i >= len(positional) or i < -len(positional) for i in argnums):
+    raise ValueError(f"Jitted function has {option}_argnums={tuple(sorted(argnums))}, but only "
+                     f"accepts {len(positional)} positional arguments.")
   if any(i < 0 for i in argnums):
     # jax.jit counts a negative index from the end of each call's positional arguments:
     # from the end of the parameters where a call passes them all.
@@ -273,7 +286,7 @@ class SymmemFunction:
     self._static_argnums, self._static_argnames = _positions_and_names(
         fun, static_argnums, static_argnames)
     # Donated arguments are passed positionally (keyword arguments are static ones).
-    self._donate, _ = _positions_and_names(fun, donate_argnums, donate_argnames)
+    self._donate, _ = _positions_and_names(fun, donate_argnums, donate_argnames, "donate")
     # Passed to every compile; the rest (device, backend) fall back to jax.jit.
     self._compile_kwargs = {k: jit_kwargs.pop(k) for k in _COMPILE_OPTIONS if k in jit_kwargs}
     self._jit_kwargs = jit_kwargs
