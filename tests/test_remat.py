@@ -97,6 +97,8 @@ def test_a_recomputed_value_is_evicted_again_reading_its_fenced_anchors_original
           and set(region.anchors) & set(through.values()) and reads & set(through)):
         found = found or j
   assert found, "no round evicts a recomputed value again"
+  # Its clone is marked recomputed once, as the plan prints it.
+  assert not any(n.source.count(remat.RECOMPUTED) > 1 for r in a.rounds for n in r.program.nodes)
   dims = {"b": 3, "s": 50}
   args = programs.transformer_args(CFG, 3, 50)
   want = jax.tree_util.tree_leaves(jax.jit(transformer.make_train_step(CFG))(*args))

@@ -701,7 +701,7 @@ def apply_regions(program: Program, order: Sequence[int], regions: Sequence[Regi
         clone = dataclasses.replace(
             old, index=len(nodes), outputs=tuple(outs),
             inputs=tuple(x if isinstance(x, Const) else read(x) for x in old.inputs),
-            source=old.source + RECOMPUTED)
+            source=old.source if old.source.endswith(RECOMPUTED) else old.source + RECOMPUTED)
         nodes.append(clone)
         new_order.append(clone.index)
         clone_of[i] = clone.index
