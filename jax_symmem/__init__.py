@@ -25,6 +25,7 @@ from jax_symmem._src.curves import memory_curves
 from jax_symmem._src.curves import sweep
 from jax_symmem._src.errors import BudgetError
 from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.errors import InfeasibleConstraintsError
 from jax_symmem._src.errors import PlanningError
 from jax_symmem._src.errors import ShapeError
 from jax_symmem._src.errors import ShapeSpecError
@@ -76,7 +77,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "Analysis", "BudgetError", "NnxFunction", "SymmemFunction", "analyze", "jit", "nnx_jit",
-    "ConstraintError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
+    "ConstraintError", "InfeasibleConstraintsError", "Poly", "Program", "Relation", "ShapeError", "ShapeGraph",
     "PlanningError", "ShapeSpecError", "SymmemError", "TracedProgram", "TracingError", "ValueInfo",
     "MemoryCurves", "memory_curves", "memory_report", "shape_graph", "shape_report", "sweep",
     "symbolic", "trace",

@@ -20,6 +20,7 @@ import pytest
 from hypothesis import strategies as st
 from jax import export
 
+import jax_symmem as symmem
 from jax_symmem import symbolic
 from jax_symmem._src import compare as compare_lib
 from jax_symmem._src import compare_box
@@ -268,6 +269,15 @@ def test_witnesses_are_full_assignments():
     assert set(w) == {"b", "h", "k", "s"} and w["s"] == 16 * w["k"] and w["b"] * w["k"] >= 2
 
 
+def test_a_jax_dim_is_compared_within_its_scopes_constraints():
+  # As JAX decides `k >= 10` for its dim: True, not "depends on k".
+  k, s = export.symbolic_shape("k, s", constraints=("k >= 10", "s <= 64"))
+  assert bool(k >= 10) and compare(k, 5).kind == "GE"
+  assert compare(s, 64).kind == "LE" and compare(k * s, "640").kind == "DEPENDS"
+  with pytest.raises(symmem.InfeasibleConstraintsError, match="10 <= k <= 3"):
+    compare(k, 5, constraints=("k <= 3",))   # contradicts the dim's scope
+
+
 def test_general_inequalities():
   cons = ["b*s >= 200", "b <= 64", "s <= 4096"]
   assert compare("b*s", 100, constraints=cons).kind == "GE"
@@ -283,6 +293,14 @@ def test_general_inequalities():
   assert symbolic.is_feasible(together) is False
   with pytest.raises(ConstraintError, match="together with the other"):
     symbolic.check_feasible(together)
+  # Bounds or equalities that contradict each other: False too (their normalization
+  # refuses them with InfeasibleConstraintsError), while unparsable ones still raise.
+  for contradictory in (["b >= 4", "b <= 2"], ["s <= 0"], ["s == 4", "s == 5"]):
+    assert symbolic.is_feasible(contradictory) is False
+    with pytest.raises(symmem.InfeasibleConstraintsError):
+      symbolic.check_feasible(contradictory)
+  with pytest.raises(ConstraintError, match="s % 8"):
+    symbolic.is_feasible(["s % 8 == 0"])
 
 
 @pytest.mark.parametrize("lhs,rhs,constraints,kind", [

@@ -39,6 +39,15 @@ def test_private_layout_is_what_we_read():
   assert any(f.operation == "floordiv" for f in factors)
 
 
+def test_a_dims_scope_constraints_are_read():
+  # symbolic.compare takes a JAX dim's scope constraints along (test_compare.py): read here.
+  k, s = export.symbolic_shape("k, s", constraints=("k >= 10", "s <= 64"))
+  assert jax_dims.scope_constraints(k) == ("k >= 10", "s <= 64")
+  assert jax_dims.scope_constraints(3 * k + 1) == ("k >= 10", "s <= 64")
+  assert jax_dims.scope_constraints(export.symbolic_shape("b")[0]) == ()
+  assert jax_dims.scope_constraints(5) == jax_dims.scope_constraints("k") == ()
+
+
 def test_operation_atoms_and_strings():
   p = jax_dims.parse("floordiv(s, 2)")
   (atom,) = p.atoms()

@@ -46,7 +46,7 @@ from jax_symmem._src.compare_feasibility import feasibility
 from jax_symmem._src.compare_ordering import DEPENDS, EQ, GE, LE, UNKNOWN, Kind, Ordering, Piece
 from jax_symmem._src.compare_solver import compare_polys
 from jax_symmem._src.constraints import Constraints
-from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.errors import InfeasibleConstraintsError
 from jax_symmem._src.poly import Poly
 
 __all__ = [
@@ -62,11 +62,16 @@ def compare(lhs, rhs, *, constraints: constraints_lib.ConstraintsLike = ()) -> O
   """Compares two dimension expressions over all dims allowed by `constraints`.
 
   `lhs`, `rhs`: a Poly, an int, a JAX symbolic dimension, or a string in
-  jax.export syntax ("4*b*s*11008", "b*s^2", "floordiv(s, 2)").
+  jax.export syntax ("4*b*s*11008", "b*s^2", "floordiv(s, 2)"). A JAX dimension's
+  scope brings its constraints along (`jax.export.symbolic_shape(..., constraints=...)`).
   `constraints`: strings such as ("s <= 4096", "s == 128*k") or a `Constraints`;
   ConstraintError where they allow no dims at all.
   """
   lp, rp = _as_poly(lhs), _as_poly(rhs)
+  scoped = jax_dims.scope_constraints(lhs) + jax_dims.scope_constraints(rhs)
+  if scoped:   # as JAX decides for the dim: within its scope's constraints
+    given = constraints.source if isinstance(constraints, Constraints) else tuple(constraints or ())
+    constraints = tuple(dict.fromkeys(given + scoped))
   cons = _as_constraints(constraints, lp.variables() | rp.variables())
   if cons.inequalities:   # no allowed dims at all would make any answer vacuously true
     check_feasible(cons)
@@ -74,8 +79,13 @@ def compare(lhs, rhs, *, constraints: constraints_lib.ConstraintsLike = ()) -> O
 
 
 def is_feasible(constraints: constraints_lib.ConstraintsLike) -> bool | None:
-  """True if some assignment satisfies `constraints`, False if none can, None if undecided."""
-  return feasibility(_as_constraints(constraints, ()))[0]
+  """True if some assignment satisfies `constraints`, False if none can, None if undecided.
+  Constraints that cannot be parsed raise ConstraintError."""
+  try:
+    cons = _as_constraints(constraints, ())
+  except InfeasibleConstraintsError:   # bounds or equalities that contradict each other
+    return False
+  return feasibility(cons)[0]
 
 
 def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
@@ -90,7 +100,7 @@ def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
   if ok is False:
     box = ", ".join(f"{lo} <= {v}" + (f" <= {hi}" if hi is not None else "")
                     for v, lo, hi in cons.bounds)
-    raise ConstraintError(
+    raise InfeasibleConstraintsError(
         f"{why} within the bounds {box} (constraints: {', '.join(cons.source)}); "
         "relax the constraint or widen the bounds")
 

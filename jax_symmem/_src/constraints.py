@@ -20,7 +20,7 @@ from typing import Iterable, Mapping, Sequence, Union
 
 from jax_symmem._src import jax_dims
 from jax_symmem._src import parse as parse_lib
-from jax_symmem._src.errors import ConstraintError
+from jax_symmem._src.errors import ConstraintError, InfeasibleConstraintsError
 from jax_symmem._src.poly import Poly, Var
 
 _RELATION = re.compile(r"(==|>=|<=|>|<)")
@@ -406,7 +406,8 @@ def normalize(source: tuple[str, ...]) -> Constraints:
       diff = reduce(lhs - rhs)
       if diff.is_constant():
         if diff.constant != 0:
-          raise ConstraintError(f"constraint {c!r} contradicts the others: it reduces to {diff} == 0")
+          raise InfeasibleConstraintsError(
+              f"constraint {c!r} contradicts the others: it reduces to {diff} == 0")
         continue
       prefer = [lhs.variables().__iter__().__next__()] if len(lhs.terms) == 1 and lhs.degree() == 1 and lhs.variables() else []
       solved = _solve_for_var(diff, prefer)
@@ -445,7 +446,7 @@ def normalize(source: tuple[str, ...]) -> Constraints:
       p = reduce(p)
       if p.is_constant():
         if p.constant < 0:
-          raise ConstraintError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
+          raise InfeasibleConstraintsError(f"constraint {c!r} can never hold (it reduces to {p} >= 0)")
         continue
       linear = _linear_in_one_var(p)
     if linear is not None:
@@ -460,7 +461,7 @@ def normalize(source: tuple[str, ...]) -> Constraints:
   for v in free_vars:
     if hi[v] is not None and lo[v] > hi[v]:
       srcs = [c for c in source if re.search(rf"\b{re.escape(v)}\b", c)]
-      raise ConstraintError(
+      raise InfeasibleConstraintsError(
           f"constraints on {v!r} contradict each other: they require {lo[v]} <= {v} <= {hi[v]}"
           + (f" (from {', '.join(repr(s) for s in srcs)})" if srcs else ""))
   bounds = tuple((v, lo[v], hi[v]) for v in free_vars)

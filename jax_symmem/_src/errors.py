@@ -9,6 +9,10 @@ class ConstraintError(SymmemError, ValueError):
   """Constraints that cannot be parsed, or that contradict each other."""
 
 
+class InfeasibleConstraintsError(ConstraintError):
+  """Constraints that no assignment of the dims satisfies (they contradict each other)."""
+
+
 class ShapeSpecError(SymmemError, ValueError):
   """A polymorphic shape spec that does not match the arguments."""
 

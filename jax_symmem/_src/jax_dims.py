@@ -31,6 +31,14 @@ def is_symbolic(d: Any) -> bool:
   return isinstance(d, DimExpr)
 
 
+def scope_constraints(d: Any) -> tuple[str, ...]:
+  """The constraints of a JAX symbolic dim's scope (`jax.export.symbolic_shape(...,
+  constraints=...)`), as their strings; () for anything else."""
+  if not isinstance(d, DimExpr):
+    return ()
+  return tuple(c.debug_str for c in d.scope._explicit_constraints)
+
+
 def _factor_to_poly(f) -> Poly:
   if f.var is not None:
     return Poly.var(f.var)
