@@ -4,6 +4,8 @@ import dataclasses
 import math
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jax_symmem as symmem
@@ -122,3 +124,10 @@ def test_figures_only_within_the_constraints_the_plan_was_made_for(analysis):
     analysis.round_peak(0, {"b": 1, "s": 8, "q": 1})
   with pytest.raises(ValueError, match="give every dim of .*: s missing"):
     symmem.memory_curves(analysis, [{"b": 1}])
+  # Sizes are integers: NumPy and JAX integer scalars count, a float or a bool does not.
+  assert analysis.peak_bytes(b=np.int64(1), s=jnp.int32(8)) == analysis.peak_bytes(b=1, s=8)
+  for bad in ({"b": 1, "s": 8.5}, {"b": True, "s": 8}):
+    with pytest.raises(TypeError, match="is not an integer"):
+      analysis.peak_bytes(**bad)
+    with pytest.raises(TypeError, match="is not an integer"):
+      analysis.baseline_peak_bytes(**bad)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import os
 import time
 from typing import Callable, Mapping, Sequence
@@ -51,6 +52,20 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
 # decide by the op-by-op modeled peak, as before.
 PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
 
+
+
+def integer_dims(dims: Mapping[str, int]) -> dict[str, int]:
+  """`dims` with Python ints as values (NumPy and JAX integer scalars converted); a
+  TypeError for anything else (a float, a bool): a size is an integer."""
+  out = {}
+  for name, value in dims.items():
+    try:
+      if isinstance(value, bool):
+        raise TypeError
+      out[name] = operator.index(value)
+    except TypeError:
+      raise TypeError(f"dim {name}={value!r} is not an integer") from None
+  return out
 
 class InOrder(Sequence[int]):
   """`values` (indexed by round) read in the order `order` gives the rounds: the search
@@ -121,6 +136,7 @@ class Analysis:
     Raises BudgetError, naming the smallest achievable peak, when none fits by the
     model (`symmem.jit` instead asks XLA before refusing: `best_round`).
     """
+    dims = integer_dims(dims)
     k, fits = self.best_round(dims, budget, reserved, scale)
     if fits:
       return k
@@ -339,6 +355,7 @@ class Analysis:
   def check_dims(self, dims: Mapping[str, int]) -> None:
     """Raises unless `dims` names every dim of the step, no other, and meets the
     constraints: the plan holds within them only (ValueError, ShapeError)."""
+    integer_dims(dims)
     cons = self.traced.constraints
     known = (set(self.traced.dims) | {v for v, _, _ in cons.bounds}
              | {v for v, _ in cons.substitutions})
@@ -359,16 +376,22 @@ class Analysis:
       raise ShapeError(f"{dict(dims)} is outside the constraints the plan was made for: {problem}")
 
   def peak_bytes(self, **dims: int) -> int:
-    """Modeled peak of the optimized step as dispatched at these dims and the budget."""
+    """Modeled peak of the round the op-by-op model picks at these dims under the budget
+    (`choose_round`). `symmem.jit` picks by its prediction of XLA's figure
+    (`best_round(dims, budget, predicted=True)`) and then XLA's own, so it can run an
+    earlier round (`step.last_call["round"]`) whose modeled peak is above the budget."""
+    dims = integer_dims(dims)
     return self.round_peak(self.choose_round(dims, self.memory_budget), dims)
 
   def baseline_peak_bytes(self, **dims: int) -> int:
     """Modeled peak in trace order without rematerialization."""
+    dims = integer_dims(dims)
     self.check_dims(dims)
     return memory.peak_at(self.graph, dims)
 
   def static_peak_bytes(self, **dims: int) -> int:
     """The same pipeline planned with exact shapes (the paper's static anchor)."""
+    dims = integer_dims(dims)
     self.check_dims(dims)
     sched, rounds, _ = _plan(self.graph, dims)
     peaks = [memory.peak_at(self.graph, dims, order=sched.order)] + [

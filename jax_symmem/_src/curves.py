@@ -48,8 +48,10 @@ class MemoryCurves:
 
   baseline:   trace order, no rematerialization (`baseline_peak_bytes`).
   scheduled:  round 0, the symbolic schedule planned once, no rematerialization.
-  dispatched: the peak of the round `symmem.jit` would choose under `budget`
-              (`peak_bytes`); None where no round fits the budget.
+  dispatched: the peak of the round the op-by-op model picks under `budget`
+              (`peak_bytes`, `choose_round`); None where no round fits the budget.
+              `symmem.jit` picks by its prediction of XLA's figure and can run an
+              earlier round (`Analysis.peak_bytes`).
   rounds:     that round (0: nothing evicted); None where no round fits.
   static:     the same pipeline planned at each exact shape (`static_peak_bytes`);
               None unless asked for (it replans per shape, seconds each).

@@ -61,14 +61,15 @@ def shape_report(graph, top: int = 8) -> str:
 
 
 def memory_report(analysis, shapes, budget=budget_lib.ANALYSIS_BUDGET) -> str:
-  """Modeled peaks per shape: trace order, scheduled, and as dispatched under `budget`
-  (bytes or a size such as '200MiB', None for none; default the analysis's own)."""
+  """Modeled peaks per shape: trace order, scheduled, and the round the op-by-op model
+  picks under `budget` (bytes or a size such as '200MiB', None for none; default the
+  analysis's own; `symmem.jit` picks by its prediction of XLA's figure: `peak_bytes`)."""
   import dataclasses
   from jax_symmem._src.errors import BudgetError
   budget = (analysis.memory_budget if budget is budget_lib.ANALYSIS_BUDGET
             else budget_lib.bytes_only(budget))
   a = dataclasses.replace(analysis, memory_budget=budget)
-  head = "as dispatched" + (f" (budget {_mib(budget)})" if budget else " (no budget)")
+  head = "model's pick" + (f" (budget {_mib(budget)})" if budget else " (no budget)")
   lines = ["modeled peak memory per shape (jaxpr-level model, MiB):",
            f"  {'dims':<18} {'trace order':>12} {'scheduled':>12} {head:>34} {'round':>6}"]
   for dims in shapes:
