@@ -353,6 +353,17 @@ def test_specialize_matches_the_symbolic_program():
   program = traced.specialize(b=5, d=7)
   assert [n.name for n in program.nodes] == [n.name for n in traced.program.nodes]
   assert program.avals[program.nodes[1].outputs[0]].shape == (5, 5)
+  # Only where the constraints allow, at every dim, integers (as Analysis's figures).
+  bounded = symmem.trace(traced.fun, jnp.zeros((3, 4)), polymorphic_shapes="b, d",
+                         constraints=("d <= 64",))
+  with pytest.raises(symmem.ShapeError, match=r"d = 1000 is outside \[1, 64\]"):
+    bounded.specialize(b=2, d=1000)
+  with pytest.raises(symmem.ShapeError, match=r"b = 0 is outside"):
+    bounded.specialize(b=0, d=8)
+  with pytest.raises(ValueError, match="unknown dims z"):
+    bounded.specialize(b=2, d=8, z=1)
+  with pytest.raises(TypeError, match="d=8.5 is not an integer"):
+    bounded.specialize(b=2, d=8.5)
 
 
 def test_specialize_returns_the_same_objects_so_jax_caches_hit():

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import operator
 import os
 import time
 from typing import Callable, Mapping, Sequence
@@ -32,9 +31,9 @@ from jax_symmem._src import shard_map_merge
 from jax_symmem._src import sharding as sharding_lib
 from jax_symmem._src import xla_buffers
 from jax_symmem._src.budget import sizes
-from jax_symmem._src.errors import BudgetError, PlanningError, ShapeError, SymmemError
+from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError
 from jax_symmem._src.shape_graph import ShapeGraph
-from jax_symmem._src.tracing import TracedProgram
+from jax_symmem._src.tracing import TracedProgram, integer_dims
 
 
 def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int, bool]:
@@ -53,19 +52,6 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
 PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
 
 
-
-def integer_dims(dims: Mapping[str, int]) -> dict[str, int]:
-  """`dims` with Python ints as values (NumPy and JAX integer scalars converted); a
-  TypeError for anything else (a float, a bool): a size is an integer."""
-  out = {}
-  for name, value in dims.items():
-    try:
-      if isinstance(value, bool):
-        raise TypeError
-      out[name] = operator.index(value)
-    except TypeError:
-      raise TypeError(f"dim {name}={value!r} is not an integer") from None
-  return out
 
 class InOrder(Sequence[int]):
   """`values` (indexed by round) read in the order `order` gives the rounds: the search
@@ -354,26 +340,8 @@ class Analysis:
   # -- reports --
   def check_dims(self, dims: Mapping[str, int]) -> None:
     """Raises unless `dims` names every dim of the step, no other, and meets the
-    constraints: the plan holds within them only (ValueError, ShapeError)."""
-    integer_dims(dims)
-    cons = self.traced.constraints
-    known = (set(self.traced.dims) | {v for v, _, _ in cons.bounds}
-             | {v for v, _ in cons.substitutions})
-    unknown = sorted(set(dims) - known)
-    if unknown:
-      raise ValueError(f"unknown dims {', '.join(unknown)}: {self.traced.fun_name}'s dims are "
-                       f"{', '.join(self.traced.dims)}")
-    try:
-      env = cons.complete(dims)
-    except KeyError:
-      env = dims
-    missing = sorted(set(self.traced.dims) - set(env))
-    if missing:
-      raise ValueError(f"give every dim of {self.traced.fun_name}: {', '.join(missing)} missing "
-                       f"from {dict(dims)}")
-    problem = cons.violation(env)
-    if problem:
-      raise ShapeError(f"{dict(dims)} is outside the constraints the plan was made for: {problem}")
+    constraints: the plan holds within them only (`TracedProgram.check_dims`)."""
+    self.traced.check_dims(dims)
 
   def peak_bytes(self, **dims: int) -> int:
     """Modeled peak of the round the op-by-op model picks at these dims under the budget

@@ -18,6 +18,7 @@ import dataclasses
 import contextlib
 import functools
 import itertools
+import operator
 import re
 import threading
 from typing import Any, Callable, Mapping, NoReturn, Sequence
@@ -122,11 +123,49 @@ class TracedProgram:
     Symbolic plans refer to node indices and value ids of `program`, so they
     apply unchanged to the specialized program, which runs op by op.
     """
+    self.check_dims(dims)
     return specialize_program(self.program, self.constraints.complete(dims))
+
+  def check_dims(self, dims: Mapping[str, int]) -> None:
+    """Raises unless `dims` are integers naming every dim of the step, no other, and
+    meeting the constraints (TypeError, ValueError, ShapeError)."""
+    integer_dims(dims)
+    cons = self.constraints
+    known = (set(self.dims) | {v for v, _, _ in cons.bounds} | {v for v, _ in cons.substitutions})
+    unknown = sorted(set(dims) - known)
+    if unknown:
+      raise ValueError(f"unknown dims {', '.join(unknown)}: {self.fun_name}'s dims are "
+                       f"{', '.join(self.dims)}")
+    try:
+      env = cons.complete(dims)
+    except KeyError:
+      env = dims
+    missing = sorted(set(self.dims) - set(env))
+    if missing:
+      raise ValueError(f"give every dim of {self.fun_name}: {', '.join(missing)} missing "
+                       f"from {dict(dims)}")
+    problem = cons.violation(env)
+    if problem:
+      raise ShapeError(f"{dict(dims)} is outside the constraints the plan was made for: {problem}")
 
   def __str__(self) -> str:
     return (f"TracedProgram({self.fun_name}: dims {', '.join(self.dims)}; "
             f"{sum(1 for _ in self.program.walk())} nodes; constraints {self.constraints})")
+
+
+
+def integer_dims(dims: Mapping[str, int]) -> dict[str, int]:
+  """`dims` with Python ints as values (NumPy and JAX integer scalars converted); a
+  TypeError for anything else (a float, a bool): a size is an integer."""
+  out = {}
+  for name, value in dims.items():
+    try:
+      if isinstance(value, bool):
+        raise TypeError
+      out[name] = operator.index(value)
+    except TypeError:
+      raise TypeError(f"dim {name}={value!r} is not an integer") from None
+  return out
 
 
 # --- Inlining rules ------------------------------------------------------------
