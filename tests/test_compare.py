@@ -153,6 +153,21 @@ def test_operation_atoms_agree_with_brute_force(chunk):
   assert decided >= 38
 
 
+@pytest.mark.parametrize("lhs,rhs,kind", [
+    (s.floordiv(3), s.floordiv(4), "GE"),   # relaxed one division at a time: UNKNOWN
+    ((5 * s).floordiv(4), s, "GE"),
+    (s.mod(4) + s.floordiv(6), s, "LE"),
+    ((s + 1).floordiv(2) - s.floordiv(2), s.mod(2), "EQ"),
+    (s.floordiv(3), s.floordiv(4) + 1, "DEPENDS"),
+    (b * s.floordiv(3), b * (s.floordiv(4) + 2), "DEPENDS"),
+])
+def test_divisions_of_one_dim_by_several_constants_are_decided_exactly(lhs, rhs, kind):
+  # s = L*q + r with L the divisors' least common multiple, one case per remainder.
+  o = check_against_brute_force(lhs, rhs, ["s <= 50", "b <= 3"], {"s": 50, "b": 3})
+  assert o.kind == kind
+  assert compare(lhs, rhs).kind == kind   # s unbounded: the cases end in an open quotient
+
+
 @pytest.mark.parametrize("constraints,ranges", [
     (["s == 2*k", "k <= 5", "s <= 10", "b <= 4"], {"b": 4, "s": 10, "k": 5}),
     (["b*s >= 6", "b <= 5", "s <= 6"], {"b": 5, "s": 6}),

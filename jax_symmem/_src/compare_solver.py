@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+import math
 import random
 from typing import Iterable, Iterator, Mapping
 
@@ -33,6 +34,9 @@ BOX_BUDGET = 4000
 _MAX_CASE_DEPTH = 6
 # Random probes of the original expression when the proofs leave a sign open.
 PROBES = 48
+# floordiv/mod of one var by several constants (s/3 vs s/4): s = L*q + r with L their
+# least common multiple, one case per remainder r, for L up to this.
+_MAX_REMAINDER_CASES = 64
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -380,11 +384,15 @@ class Solver:
     for a in ops:
       if a.op in (poly_lib.MAX, poly_lib.MIN) and f.depth < _MAX_CASE_DEPTH:
         return self._cases(d, a, f)
-    for a in ops:
-      if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
-        numer = a.operands[0]
-        if _is_var(numer) and a.operands[1].constant > 0 and self._single_divisor(d, numer):
-          return self._exact_divmod(d, a, f)
+    for a in ops:   # divisions of one var s (of a*s + c) by positive constants
+      lin = _linear(a.operands[0]) if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) else None
+      divisions = _divisions_of(d, lin[0]) if lin else ()
+      if not divisions:
+        continue
+      if len({(x, y, z) for _, x, y, z in divisions}) == 1 and divisions[0][1:3] == (1, 0):
+        return self._exact_divmod(d, divisions[0][0], f)   # of s itself, by one k
+      if math.lcm(*(k for *_, k in divisions)) <= _MAX_REMAINDER_CASES:
+        return self._remainder_cases(d, lin[0], divisions, f)
     for a in ops:
       if a.op in (poly_lib.FLOORDIV, poly_lib.MOD) and _const_divisor(a):
         return self._general_divmod(d, a, f)
@@ -411,11 +419,33 @@ class Solver:
         env[rw.var] = rw.k * env[rw.q] + env[rw.r]
     self.probe({v: x for v, x in env.items() if "#" not in v})
 
-  def _single_divisor(self, d: Poly, numer: Poly) -> bool:
-    ks = {a.operands[1].constant for a in d.atoms()
-          if isinstance(a, OpAtom) and a.op in (poly_lib.FLOORDIV, poly_lib.MOD)
-          and a.operands[0] == numer and _const_divisor(a)}
-    return len(ks) == 1
+  def _remainder_cases(self, d: Poly, s: str, divisions, f: _Frame) -> Result:
+    """floordiv / mod of a*s + c by several constants k (`_divisions_of`): s = L*q + r with
+    L the least common multiple of the k, and one exact case per remainder r:
+    floordiv(a*s + c, k) = (a*L/k)*q + floordiv(a*r + c, k), mod(a*s + c, k) =
+    mod(a*r + c, k). So floordiv(s, 3) >= floordiv(s, 4) and floordiv(5*s, 4) >= s are
+    proven, where relaxing each division alone loses what ties them to s. r stays a var,
+    fixed per case, for the rewrite that maps points back."""
+    L = math.lcm(*(k for *_, k in divisions))
+    q, r = self._new_var("q"), self._new_var("r")
+    Q = Poly.var(q)
+    repl = {Var(s): L * Q + Poly.var(r)}
+    inner = f.but(rewrites=f.rewrites + (_Rewrite(s, L, q, r),))
+    ge, le = f.want
+    method = "constant"
+    for q_box, r_box in _quotient_boxes(*f.bounds[s], L):
+      for rv in range(r_box[0], r_box[1] + 1):
+        if not (ge or le):
+          return Result(False, False, method)
+        atoms = {atom: (a * L // k) * Q + (a * rv + c) // k if atom.op == poly_lib.FLOORDIV
+                 else Poly.const((a * rv + c) % k) for atom, a, c, k in divisions}
+        case = lambda p: constraints_lib._substitute_deep(p.substitute(atoms), repl)
+        res = self._atoms(case(d), inner.but(
+            bounds={**f.bounds, q: q_box, r: (rv, rv)},
+            ineqs=tuple(case(g) for g in f.ineqs), want=(ge, le)))
+        ge, le = ge and res.ge, le and res.le
+        method = res.method if method == "constant" else method
+    return Result(ge, le, method)
 
   def _exact_divmod(self, d: Poly, a: OpAtom, f: _Frame) -> Result:
     """floordiv(s, k), mod(s, k) with s a var: s = k*q + r, q, r fresh (exact on integers).
@@ -577,6 +607,27 @@ def _evaluate(p: Poly, env: Mapping[str, int], ops: Mapping | None = None) -> in
       c *= (env[a.name] if type(a) is Var else ops[a]) ** e
     total += c
   return total
+
+
+def _linear(p: Poly) -> tuple[str, int, int] | None:
+  """(s, a, c) where p is a*s + c for one var s (a != 0, integers), else None."""
+  if len(p.terms) > 2 or not _all_vars(p) or p.degree() != 1 or len(p.variables()) != 1:
+    return None
+  (s,) = p.variables()
+  return s, p.as_dict()[((Var(s), 1),)], p.constant
+
+
+def _divisions_of(d: Poly, s: str):
+  """(atom, a, c, k) for each floordiv/mod atom of d over a*s + c by a constant k > 0
+  (the rest stay atoms, over s rewritten)."""
+  out = []
+  for atom in d.atoms():
+    if isinstance(atom, OpAtom) and atom.op in (poly_lib.FLOORDIV, poly_lib.MOD) \
+        and _const_divisor(atom) and atom.operands[1].constant > 0:
+      lin = _linear(atom.operands[0])
+      if lin is not None and lin[0] == s:
+        out.append((atom, lin[1], lin[2], atom.operands[1].constant))
+  return sorted(out, key=lambda x: x[0].sort_key)
 
 
 def _all_vars(p: Poly) -> bool:
