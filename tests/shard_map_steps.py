@@ -252,9 +252,21 @@ def run_rounds(mesh: Mesh, which: str) -> dict:
                       device.live_bytes() + int(1.1 * per_layer))}
 
 
+def run_live_bytes(mesh: Mesh) -> dict:
+  """`device.live_bytes()` before and after views of sharded arrays' shards: what
+  `jax.device_get`, `np.asarray` and printing leave (live arrays over the same buffers)."""
+  x = jax.device_put(jnp.ones((512, 512)), jax.sharding.NamedSharding(mesh, P("data")))
+  y = jax.device_put(jnp.ones((512, 512)), jax.sharding.NamedSharding(mesh, P()))
+  before = device.live_bytes()
+  jax.device_get(x), np.asarray(y), str(x), np.array(x, copy=True)
+  return {"step": "live_bytes", "before": before, "after": device.live_bytes(),
+          "live_arrays": len(jax.live_arrays())}
+
+
 if __name__ == "__main__":
   assert jax.device_count() == 4, "run with XLA_FLAGS=--xla_force_host_platform_device_count=4"
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  for which in sys.argv[1:] or ("data_parallel", *STEPS):
-    result = run_data_parallel(mesh) if which == "data_parallel" else run_rounds(mesh, which)
+  for which in sys.argv[1:] or ("data_parallel", *STEPS, "live_bytes"):
+    result = (run_data_parallel(mesh) if which == "data_parallel" else
+              run_live_bytes(mesh) if which == "live_bytes" else run_rounds(mesh, which))
     print(json.dumps(result), flush=True)

@@ -186,6 +186,10 @@ def _scanned_per_layer_predictions_near_xla(result):
     assert 0.9 <= row["prediction"] / row["xla"] <= 1.1, row
 
 
+def _views_of_shards_hold_no_more_bytes(row):
+  assert row["after"] == row["before"] > 0, row
+
+
 # What each step of tests/shard_map_steps.py must show, checked as one subtest each. One
 # test reads the run: as six tests they landed on both xdist workers, and one waited ~30 s
 # for the other's run (host_devices.shared).
@@ -203,6 +207,10 @@ _FOUR_DEVICE_CHECKS = {
     # Measured (3 layers, b = 16, s = 256): XLA 18.45 MB at round 0, 6.03 at the last
     # (predictions +1 % ... +23 % of XLA's figures), jax.checkpoint on each layer 7.28.
     "layerdrop": (_reaches_per_layer_checkpointing_under_a_budget,),
+    # A host checkpoint of a sharded state (jax.device_get) left views of its shards
+    # among the live arrays, over the same buffers: counted again, they took the
+    # state's size from the next step's budget (1,310,720 -> 2,883,584 bytes read).
+    "live_bytes": (_views_of_shards_hold_no_more_bytes,),
 }
 
 

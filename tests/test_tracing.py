@@ -109,6 +109,15 @@ def test_scan_counts_read_both_layouts_of_a_scans_params():
   assert tracing.scan_counts({"ft_in": Packed((1, 2), (3,), (4, 5, 6))}) == (2, 1)
 
 
+def test_an_arrays_shard_arrays_share_its_buffers():
+  # device.live_bytes counts each buffer once by these (tests/shard_map_steps.py: views
+  # of a sharded array's shards on four devices).
+  x = jnp.ones((4, 3))
+  (shard,) = tracing.shard_arrays(x)
+  assert shard.unsafe_buffer_pointer() == x.unsafe_buffer_pointer()
+  assert shard.sharding.device_set == x.sharding.device_set
+
+
 def test_the_jax_internals_jit_parity_reads():
   # symmem.jit keys its traces on jax's trace context and raises jax.jit's error for a nan
   # under jax_debug_nans (test_jit.py): both read JAX internals, checked here on each jax.

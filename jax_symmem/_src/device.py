@@ -30,18 +30,25 @@ def array_bytes(a) -> int:
 def live_bytes() -> int:
   """Bytes held by live arrays on the fullest device: the allocator's figure where the
   backend has one, otherwise from `jax.live_arrays()` (about 10 us at 10 arrays); a
-  sharded array counts its shard on each device that holds one."""
+  sharded array counts its shard on each device that holds one, and each buffer counts
+  once: what `jax.device_get`, `np.asarray` or printing leave of a sharded array (live
+  arrays of one shard each, over its buffers) adds nothing."""
   in_use, _ = device_memory()
   if in_use is not None:
     return in_use
   arrays = [a for a in jax.live_arrays() if not a.is_deleted()]
   if jax.device_count() == 1:
     return sum(map(array_bytes, arrays))
+  from jax_symmem._src import tracing   # JAX internals live there; imported when needed
   per_device: collections.Counter = collections.Counter()
+  seen = set()
   for a in arrays:
-    shard = math.prod(a.sharding.shard_shape(a.shape)) * a.dtype.itemsize
-    for d in a.sharding.device_set:
-      per_device[d] += shard
+    for x in tracing.shard_arrays(a):
+      (d,) = x.sharding.device_set
+      key = (d, x.unsafe_buffer_pointer())
+      if key not in seen:
+        seen.add(key)
+        per_device[d] += array_bytes(x)
   return max(per_device.values(), default=0)
 
 

@@ -489,6 +489,14 @@ def raise_floating_point_error(e: Exception, step: Callable, args, kwargs) -> No
   raise e
 
 
+def shard_arrays(a: jax.Array) -> Sequence[jax.Array]:
+  """The single-device arrays an array keeps for its addressable shards (itself, for
+  one on one device). Views JAX makes of a sharded array's shards (`jax.device_get`,
+  `np.asarray`, printing) are live arrays of their own over the same buffers: a count
+  of live bytes tells them apart by these arrays' buffers (`device.live_bytes`)."""
+  return a._arrays
+
+
 def function_name(fun) -> str:
   """`fun`'s name for messages and logs: a `functools.partial`'s function's, a callable
   object's class's."""
