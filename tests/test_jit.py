@@ -320,6 +320,38 @@ def test_a_shape_that_comes_back_runs_a_round_that_recomputes_less(monkeypatch):
   assert runs[2][0] == refined and runs[2][1]["compiles"] == 3 + runs[2][1]["refinements"] - 1
 
 
+def test_each_call_runs_what_fits_beside_the_live_bytes_it_reads(monkeypatch):
+  # A round chosen at one reading was kept for every reading in the same MiB: a call
+  # with 0.3 MiB more held elsewhere ran a variant over the budget, and once a call had
+  # moved on to a later round, calls with the room back stayed there. XLA's figures are
+  # scripted (the compiles and runs are real; no XNNPACK fusions).
+  monkeypatch.setattr(variants_lib, "compile_with_fusions", lambda *a, **k: None)
+  args, dims = _args(4, 128), {"b": 4, "s": 128}
+  analysis = _budgeted_step(None).analyze(*args)
+  predicted = [analysis.dispatch_figure(k, dims) for k in range(len(analysis.rounds))]
+  real = variants_lib.compile_round
+  def compile_round(analysis, dims, k, *rest):   # XLA's figure: what was predicted
+    return dataclasses.replace(real(analysis, dims, k, *rest), xla_bytes=predicted[k])
+  monkeypatch.setattr(variants_lib, "compile_round", compile_round)
+  arg_bytes = _array_bytes(args)
+  other = {"bytes": 0}
+  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes + other["bytes"])
+  budget = predicted[0] + 100_000   # round 0 fits beside less than 0.1 MB held elsewhere
+  assert min(predicted) + 300_000 <= budget   # and a later round beside 0.3 MB
+  step = _budgeted_step(budget)
+  want = _jax_jit_outputs(4, 128)
+  runs = []
+  for held in (0, 300_000, 300_000, 0, 0):
+    other["bytes"] = held
+    _assert_tree_close(step(*args), want)
+    call = step.last_call
+    assert call["xla_bytes"] + call["reserved"] <= budget, call   # never over the budget
+    runs.append((call["round"], step.cache_info()["compiles"]))
+  rounds, compiles = zip(*runs)
+  assert rounds[0] == 0 and rounds[1] == rounds[2] > 0 and rounds[3:] == (0, 0), runs
+  assert compiles[0] == 1 and compiles[1] == compiles[4]   # back to round 0: no compile
+
+
 # XNNPACK's fusion check compiles every round: slow; the other test_jit tests cover round 0 fast.
 @pytest.mark.slow
 def test_round_0_compiles_as_jax_jit_where_xnnpacks_fusions_fit(monkeypatch):
@@ -636,7 +668,9 @@ def test_a_checkified_step_raises_its_checks_as_under_jax_jit(budget):
   err.throw()   # passes
   assert (sj.last_call["round"] == 0) == (budget is None)
   chex.assert_trees_all_close(got, jax.jit(step)(w, x)[1], rtol=1e-5, atol=1e-6)
-  err, _ = sj(w * 1e6, x * 1e6)
+  w, x = w * 1e6, x * 1e6   # the first x held apart would leave no round within the budget
+  del err, got
+  err, _ = sj(w, x)
   with pytest.raises(checkify.JaxRuntimeError, match=r"loss exploded: 1.0"):
     err.throw()
 

@@ -250,6 +250,16 @@ def _check_jit_options(jit_kwargs) -> None:
                     f"jax.jit's options are {', '.join(_JAX_JIT_OPTIONS)}")
 
 
+def _least_recomputing_fit(entry: _Entry, analysis, dims, dims_key, policy):
+  """The variant compiled at dims that comes first on the ladder (recomputes least) among
+  those whose XLA figure fits the policy's budget beside the other live bytes, or None."""
+  for k in analysis.ladder(dims):
+    variant = entry.variants.get((dims_key, k))
+    if variant is not None and policy.fits(variant.xla_bytes):
+      return variant
+  return None
+
+
 def _dtypes_match(entry: _Entry, flat) -> bool:
   """Whether the leaves have the dtypes `entry` was traced for (one that fell back: yes,
   jax.jit traces anew for other dtypes itself)."""
@@ -375,10 +385,20 @@ class SymmemFunction:
                                    predicted=True)
       variant = entry.variants.get((dims_key, k))
       fusions = True
-      if (variant is not None and variant.xnnpack_fusions
-          and not self._policy(flat, budget, reserved).fits(variant.xla_bytes)):
-        # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
-        variant, fusions = None, False
+      if variant is not None and budget is not None:
+        policy = self._policy(flat, budget, reserved)
+        if variant.xnnpack_fusions and not policy.fits(variant.xla_bytes):
+          # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
+          variant, fusions = None, False
+        else:
+          # A decision holds for a whole MiB of readings: at this one, the compiled
+          # variant that recomputes least among those XLA's figure fits (an earlier
+          # round where other arrays hold less now; never one over the budget).
+          fitting = _least_recomputing_fit(entry, analysis, dims, dims_key, policy)
+          if fitting is None:   # none compiled fits: compile from the next round on
+            ladder = analysis.ladder(dims)
+            k = ladder[min(ladder.index(variant.round) + 1, len(ladder) - 1)]
+          variant = fitting
       if variant is None:
         try:
           variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions)
