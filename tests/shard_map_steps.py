@@ -252,6 +252,19 @@ def run_rounds(mesh: Mesh, which: str) -> dict:
                       device.live_bytes() + int(1.1 * per_layer))}
 
 
+def run_symbolic_batch(mesh: Mesh) -> dict:
+  """The data-parallel step traced with "b, s" (not "4*k, s"): shard_map cannot split b
+  over the devices, and the message says what to declare."""
+  step, opt = data_parallel_step(mesh)
+  params = init(2)
+  try:
+    symmem.trace(step, params, opt.init(params), *batch(8, 16), polymorphic_shapes=(
+        None, None, "b, s, _", "b, s"), constraints=("b <= 32", "s <= 512"))
+  except symmem.TracingError as e:
+    return {"step": "symbolic_batch", "message": str(e)}
+  return {"step": "symbolic_batch", "message": None}
+
+
 def run_live_bytes(mesh: Mesh) -> dict:
   """`device.live_bytes()` before and after views of sharded arrays' shards: what
   `jax.device_get`, `np.asarray` and printing leave (live arrays over the same buffers)."""
@@ -266,7 +279,8 @@ def run_live_bytes(mesh: Mesh) -> dict:
 if __name__ == "__main__":
   assert jax.device_count() == 4, "run with XLA_FLAGS=--xla_force_host_platform_device_count=4"
   mesh = Mesh(np.array(jax.devices()), ("data",))
-  for which in sys.argv[1:] or ("data_parallel", *STEPS, "live_bytes"):
-    result = (run_data_parallel(mesh) if which == "data_parallel" else
-              run_live_bytes(mesh) if which == "live_bytes" else run_rounds(mesh, which))
+  runs = {"data_parallel": run_data_parallel, "live_bytes": run_live_bytes,
+          "symbolic_batch": run_symbolic_batch}
+  for which in sys.argv[1:] or ("data_parallel", *STEPS, "live_bytes", "symbolic_batch"):
+    result = runs[which](mesh) if which in runs else run_rounds(mesh, which)
     print(json.dumps(result), flush=True)

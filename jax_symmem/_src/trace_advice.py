@@ -48,6 +48,14 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
             "length is clamped to the array's size, min(N, s), which is not s: if your "
             "lengths never exceed the table, say so with constraints=("
             + "".join(f"'{b}', " for b in bounds).rstrip(" ") + ")")
+  split = re.search(r"maps array axis \d+ \(of size ([^)]+)\) to mesh axis .*?\(of size (\d+)\), "
+                    r"but \d+ does not evenly divide", msg)
+  if split and not split.group(1).strip().isdigit():   # jax.shard_map over a symbolic axis
+    dim, n = split.group(1).strip(), split.group(2)
+    return (f"jax.shard_map splits the axis of size {dim} over {n} devices, which needs it "
+            f"divisible by {n}: declare it a multiple, '{n}*k' in polymorphic_shapes (e.g. "
+            f"'{n}*k, s' for a batch) or constraints=('{dim} == {n}*k',), with batches a "
+            f"multiple of {n}")
   mismatch = re.search(r"incompatible shapes|same shape|different leading axis sizes", msg)
   indivisible = "Cannot divide evenly" in msg
   padded = _padded_multiples(msg) if mismatch or indivisible else []
