@@ -308,6 +308,15 @@ def test_a_budget_error_prints_mib_though_other_arrays_hold_a_few_bytes():
   assert variants.over_budget(138_637_612, 124_385_029) == ("132.2 MiB", "the 118.6 MiB budget")
   # Bytes where the figure and the room would read the same.
   assert variants.over_budget(124_385_030, 124_385_029)[0] == "124,385,030 bytes"
+  # Other arrays holding more than the budget leave no room (it read "-139,864 bytes"),
+  # and what the arguments and outputs alone take shares the figures' units (it read
+  # "0.3 MiB" beside a room of "0.3 MiB").
+  assert variants.over_budget(700_000, 600_000, 739_864, 500_000) == (
+      "0.7 MiB", "the 0.6 MiB budget, which 0.7 MiB held by other live arrays already fill",
+      "0.5 MiB")
+  assert variants.over_budget(300_000, 700_000, 400_000, 330_000) == (
+      "300,000 bytes", "the 300,000 bytes that the 0.7 MiB budget leaves beside 0.4 MiB held by "
+      "other live arrays", "330,000 bytes")
 
 
 # --- refinement when a shape comes back (variants.refine_round) -------------------------

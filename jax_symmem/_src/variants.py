@@ -427,17 +427,21 @@ def _on_ladder(analysis, dims: Mapping[str, int], peaks: Sequence[int]
   return order, {r: p for p, r in enumerate(order)}, analysis_lib.InOrder(peaks, order)
 
 
-def over_budget(nbytes: int, budget: int, reserved: int = 0) -> tuple[str, str]:
-  """(`nbytes`, what it must fit in) as a BudgetError prints them: 'the <budget> budget',
-  or with `reserved` bytes held by other live arrays 'the <budget - reserved> that the
-  <budget> budget leaves beside <reserved> held by other live arrays'. The figure and the
-  room it must fit in share units (`sizes`); the budget and the reserved bytes read on
-  their own (8 bytes reserved printed every figure in bytes)."""
-  figure, room = sizes(nbytes, budget - reserved)
+def over_budget(nbytes: int, budget: int, reserved: int = 0, *more: int) -> tuple[str, ...]:
+  """(`nbytes`, what it must fit in, *`more`) as a BudgetError prints them: 'the <budget>
+  budget', or with `reserved` bytes held by other live arrays 'the <budget - reserved>
+  that the <budget> budget leaves beside <reserved> held by other live arrays' (none left
+  where they hold more than the budget). The figures, the room they must fit in and
+  `more` share units (`sizes`); the budget and the reserved bytes read on their own (8
+  bytes reserved printed every figure in bytes)."""
+  figure, room, *rest = sizes(nbytes, max(0, budget - reserved), *more)
   if not reserved:
-    return figure, f"the {room} budget"
-  return figure, (f"the {room} that the {sizes(budget)[0]} budget leaves beside "
-                  f"{sizes(reserved)[0]} held by other live arrays")
+    return (figure, f"the {room} budget", *rest)
+  if reserved >= budget:
+    return (figure, f"the {sizes(budget)[0]} budget, which {sizes(reserved)[0]} held by other "
+                    "live arrays already fill", *rest)
+  return (figure, f"the {room} that the {sizes(budget)[0]} budget leaves beside "
+                  f"{sizes(reserved)[0]} held by other live arrays", *rest)
 
 
 @dataclasses.dataclass
@@ -649,11 +653,10 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
                                         calibrations[not policy.other_scheduler])
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
-    figure, room = over_budget(best.xla_bytes, policy.budget, policy.reserved)
     alone = resident()
+    figure, room, alone_str = over_budget(best.xla_bytes, policy.budget, policy.reserved, alone)
     if not policy.fits(alone):   # no round was left to try: none can fit
-      room += (f"; its arguments and outputs alone take {over_budget(alone, policy.budget)[0]}"
-               ", whatever it recomputes")
+      room += f"; its arguments and outputs alone take {alone_str}, whatever it recomputes"
     raise BudgetError(
         f"{analysis.traced.fun_name} at {dict(dims)}: XLA's memory_analysis() reports "
         f"{figure} for the smallest variant compiled (round {best.round} of "
