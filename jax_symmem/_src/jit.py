@@ -250,12 +250,12 @@ def _check_jit_options(jit_kwargs) -> None:
                     f"jax.jit's options are {', '.join(_JAX_JIT_OPTIONS)}")
 
 
-def _least_recomputing_fit(entry: _Entry, analysis, dims, dims_key, policy):
+def _least_recomputing_fit(entry: _Entry, analysis, dims, dims_key, room: int):
   """The variant compiled at dims that comes first on the ladder (recomputes least) among
-  those whose XLA figure fits the policy's budget beside the other live bytes, or None."""
+  those whose XLA figure fits in `room` (the budget less the other live bytes), or None."""
   for k in analysis.ladder(dims):
     variant = entry.variants.get((dims_key, k))
-    if variant is not None and policy.fits(variant.xla_bytes):
+    if variant is not None and variant.xla_bytes <= room:
       return variant
   return None
 
@@ -386,15 +386,14 @@ class SymmemFunction:
       variant = entry.variants.get((dims_key, k))
       fusions = True
       if variant is not None and budget is not None:
-        policy = self._policy(flat, budget, reserved)
-        if variant.xnnpack_fusions and not policy.fits(variant.xla_bytes):
+        if variant.xnnpack_fusions and variant.xla_bytes + reserved > budget:
           # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
           variant, fusions = None, False
         else:
           # A decision holds for a whole MiB of readings: at this one, the compiled
           # variant that recomputes least among those XLA's figure fits (an earlier
           # round where other arrays hold less now; never one over the budget).
-          fitting = _least_recomputing_fit(entry, analysis, dims, dims_key, policy)
+          fitting = _least_recomputing_fit(entry, analysis, dims, dims_key, budget - reserved)
           if fitting is None:   # none compiled fits: compile from the next round on
             ladder = analysis.ladder(dims)
             k = ladder[min(ladder.index(variant.round) + 1, len(ladder) - 1)]
