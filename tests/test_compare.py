@@ -284,6 +284,17 @@ def test_witnesses_are_full_assignments():
     assert set(w) == {"b", "h", "k", "s"} and w["s"] == 16 * w["k"] and w["b"] * w["k"] >= 2
 
 
+def test_an_inequality_a_pinned_dim_makes_constant_is_dropped_or_empties_the_box():
+  # b <= 1 pins b; b*b <= 1 then reads 0 >= 0 (it raised "max() arg is an empty sequence"
+  # in the Bernstein subdivision), b*b >= 2 reads -1 >= 0 (no point allowed).
+  cons = ["b <= 1", "s <= 8", "b*b <= 1"]
+  assert check_against_brute_force(s, (b * s).max(9), cons, {"b": 1, "s": 8}).kind == "LE"
+  assert check_against_brute_force(128 + 3 * s, b * b * s - s + (4 * b * b * s + 3 * b).max(9),
+                                   cons, {"b": 1, "s": 8}).kind == "GE"
+  with pytest.raises(symmem.InfeasibleConstraintsError):
+    compare(s, (b * s).max(9), constraints=["b <= 1", "s <= 8", "b*b >= 2"])
+
+
 def test_a_jax_dim_is_compared_within_its_scopes_constraints():
   # As JAX decides `k >= 10` for its dim: True, not "depends on k".
   k, s = export.symbolic_shape("k, s", constraints=("k >= 10", "s <= 64"))

@@ -138,7 +138,12 @@ class BoxProblem:
     if pinned:
       self.fixed.update((self.names[j], x) for j, x in pinned.items())
       self.P = pin(self.P, pinned)
-      self.ineqs = [pin(g, pinned) for g in self.ineqs]
+      ineqs = [pin(g, pinned) for g in self.ineqs]
+      # One that pinning made constant (b*b <= 1 at b = 1: 0 >= 0) holds everywhere, or
+      # nowhere: then no point of the box is allowed.
+      constant = [sum(g.values()) for g in ineqs if not any(map(any, g))]
+      self.empty = any(c < 0 for c in constant)
+      self.ineqs = [g for g in ineqs if any(map(any, g))]
     if not self.P:
       return
     columns = list(zip(*self.P))   # each var's exponents over P's terms
@@ -170,8 +175,8 @@ class BoxProblem:
           grown = True
     # An inequality P does not see can still make the whole region empty
     # (a case of max/min that cannot happen); then every claim holds vacuously.
-    self.empty = any(not sup & keep and self._never_holds(g)
-                     for g, sup in zip(self.ineqs, supports))
+    self.empty = self.empty or any(not sup & keep and self._never_holds(g)
+                                   for g, sup in zip(self.ineqs, supports))
 
   def _never_holds(self, g) -> bool:
     """Proves g <= -1 on the box: no point satisfies g >= 0."""
