@@ -165,12 +165,20 @@ def test_objects_anywhere_in_the_arguments_donated_static_and_returned_as_nnx_ji
     np.testing.assert_allclose(loss, want_loss, rtol=1e-6)
   np.testing.assert_allclose(model.kernel[...], ref_model.kernel[...], rtol=1e-6)
   assert int(opt.step[...]) == 3 and step.cache_info()["compiles"] == 2   # one per scale
+  # Specs per parameter (the static one's too) or per dynamic argument; the static one
+  # passed by position or by keyword, as symmem.jit reads them.
+  for specs in ((None, "b, s, _", None), (None, "b, s, _")):
+    g = symmem.nnx_jit(_dict_step, polymorphic_shapes=specs, static_argnames="scale")
+    for call in (lambda: g({"model": model, "opt": opt}, x, 2.0),
+                 lambda: g({"model": model, "opt": opt}, x, scale=2.0)):
+      before = 2.0 * float(jnp.mean(model(x) ** 2))
+      assert float(call()[0]) == pytest.approx(before, rel=1e-6)
   # A tuple of objects; the objects' state donated with some of them only: refused.
   pair = symmem.nnx_jit(lambda mo, x: _dict_step(dict(zip(("model", "opt"), mo)), x)[0],
                         polymorphic_shapes=(None, "b, s, _"))
   before = float(jnp.mean(model(x) ** 2))
   assert float(pair((model, opt), x)) == pytest.approx(before, rel=1e-6)
-  assert int(opt.step[...]) == 4
+  assert int(opt.step[...]) == 8
   partly = symmem.nnx_jit(lambda m, o, x: _dict_step({"model": m, "opt": o}, x)[0],
                           polymorphic_shapes=(None, None, "b, s, _"), donate_argnums=0)
   with pytest.raises(TypeError, match="donated together"):

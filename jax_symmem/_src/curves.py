@@ -86,7 +86,7 @@ class MemoryCurves:
     return changes
 
   def __str__(self) -> str:
-    head = "dispatched" + (f" ({self.budget / 2**20:.1f} MiB budget)" if self.budget else "")
+    head = "model's pick" + (f" ({self.budget / 2**20:.1f} MiB budget)" if self.budget else "")
     lines = ["modeled peak memory (jaxpr-level model, MiB)",
              f"  {'dims':<20} {'trace order':>12} {'scheduled':>10} {head:>30} {'round':>5}"
              + (f" {'static':>10}" if self.static is not None else "")]

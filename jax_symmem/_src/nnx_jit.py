@@ -94,9 +94,7 @@ class NnxFunction:
     if kwargs:   # each dynamic one at its parameter's position, as symmem.jit binds them
       args, kwargs = jit_lib.bind_keywords(self._signature, args, kwargs,
                                            self._static_argnums, self._static_argnames)
-    if len(args) != len(self._shapes):
-      raise ShapeSpecError(f"{self.__name__}: polymorphic_shapes has {len(self._shapes)} "
-                           f"entries for {len(args)} positional arguments")
+    shapes = self._shapes_for(len(args))
     from flax import nnx   # imported here: `import jax_symmem` does not pay for flax
     is_node = nnx.graph.is_graph_node
     # NNX objects anywhere in the arguments (a dict or tuple of them too), as nnx.jit finds them.
@@ -107,7 +105,7 @@ class NnxFunction:
                       "arguments; use symmem.jit for pure steps")
     holding = tuple(i for i, a in enumerate(args)
                     if any(map(is_node, jax.tree_util.tree_leaves(a, is_leaf=is_node))))
-    specced = [i for i in holding if is_node(args[i]) and self._shapes[i] is not None]
+    specced = [i for i in holding if is_node(args[i]) and shapes[i] is not None]
     if specced:
       raise ShapeSpecError(f"{self.__name__}: arguments {specced} are NNX objects, whose "
                            "shapes are fixed: give None for them in polymorphic_shapes")
@@ -116,14 +114,33 @@ class NnxFunction:
     key = (graphdef, treedef)
     step = self._steps.get(key)
     if step is None:
-      step = self._steps[key] = self._jit(graphdef, holding)
+      step = self._steps[key] = self._jit(graphdef, holding, shapes)
     self.jitted = step
     new_state, out = step(state, *holed, **kwargs)
     nnx.update(objects, new_state)
     return jax.tree_util.tree_map(lambda x: objects[x.index] if isinstance(x, _Ref) else x,
                                   out, is_leaf=lambda x: isinstance(x, _Ref))
 
-  def _jit(self, graphdef, holding: tuple[int, ...]) -> jit_lib.SymmemFunction:
+  def _shapes_for(self, nargs: int) -> tuple:
+    """The specs of a call's `nargs` positional arguments, as symmem.jit reads them: one
+    per argument; or one per positional parameter, those the call passes by keyword or
+    leaves at their defaults dropped; or the dynamic arguments' own (None for statics)."""
+    shapes = self._shapes
+    if len(shapes) == nargs:
+      return shapes
+    params = (len(shapes) if self._signature is None else sum(
+        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        for p in self._signature.parameters.values()))
+    if nargs < len(shapes) <= params:
+      return shapes[:nargs]
+    static = [i for i in self._static_argnums if i < nargs]
+    if static and len(shapes) == nargs - len(static):
+      given = iter(shapes)
+      return tuple(None if i in static else next(given) for i in range(nargs))
+    raise ShapeSpecError(f"{self.__name__}: polymorphic_shapes has {len(shapes)} entries for "
+                         f"{nargs} positional arguments")
+
+  def _jit(self, graphdef, holding: tuple[int, ...], shapes: tuple) -> jit_lib.SymmemFunction:
     """symmem.jit of the pure step `(state, *arguments with holes) -> (new state, outputs)`:
     the objects' state first, then the step's own positions shifted by one."""
     from flax import nnx
@@ -145,7 +162,7 @@ class NnxFunction:
           f"{self.__name__}: NNX objects' state is donated together: donate every argument "
           f"that holds NNX objects (positions {list(holding)}) or none of them")
     donate = ((0,) if donated else ()) + tuple(i + 1 for i in self._donate)
-    return jit_lib.jit(pure_step, polymorphic_shapes=(None,) + self._shapes,
+    return jit_lib.jit(pure_step, polymorphic_shapes=(None,) + shapes,
                        static_argnums=tuple(i + 1 for i in self._static_argnums),
                        static_argnames=self._static_argnames, donate_argnums=donate,
                        **self._jit_kwargs)
