@@ -122,6 +122,11 @@ def test_figures_only_within_the_constraints_the_plan_was_made_for(analysis):
     analysis.baseline_peak_bytes(b=1, s=1)
   with pytest.raises(ValueError, match="unknown dims q: .*dims are b, s"):
     analysis.round_peak(0, {"b": 1, "s": 8, "q": 1})
+  last = len(analysis.rounds) - 1
+  for k in (-1, last + 1):   # no index from the end; no IndexError from the tuple
+    for figure in (analysis.round_peak, analysis.dispatch_figure):
+      with pytest.raises(ValueError, match=f"plan has rounds 0 to {last}"):
+        figure(k, {"b": 1, "s": 8})
   with pytest.raises(ValueError, match="give every dim of .*: s missing"):
     symmem.memory_curves(analysis, [{"b": 1}])
   # Sizes are integers: NumPy and JAX integer scalars count, a float or a bool does not.

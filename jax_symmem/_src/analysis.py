@@ -200,6 +200,7 @@ class Analysis:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_peaks:   # the run-time decision asks for these often
+      self.check_round(k)
       self.check_dims(dims)
       r = self.rounds[k]
       self._round_peaks[key] = memory.peak_at(r.graph, dims, r.program, self.round_order(k, dims))
@@ -212,6 +213,7 @@ class Analysis:
     large random draws pinned and their masks stored, as `variants` compiles them)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
+      self.check_round(k)
       self.check_dims(dims)
       r = self.rounds[k]
       pinned = frozenset() if k == self.as_written_round else fence.pinned_draws(
@@ -239,6 +241,7 @@ class Analysis:
     `symmem.jit` adds them to XLA's figure and to `round_footprint` (`dispatch_figure`)."""
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_scratch:   # a walk over every node: asked per round and shape
+      self.check_round(k)
       self._round_scratch[key] = xla_buffers.convolution_scratch(
           self.graph.constraints.complete(dict(dims)), self.rounds[k].program)
     return self._round_scratch[key]
@@ -338,6 +341,12 @@ class Analysis:
     return fn
 
   # -- reports --
+  def check_round(self, k: int) -> None:
+    """Raises unless k names one of the plan's rounds (no negative index from the end)."""
+    if isinstance(k, bool) or not hasattr(k, "__index__") or not 0 <= k < len(self.rounds):
+      raise ValueError(f"round {k!r}: {self.traced.fun_name}'s plan has rounds 0 to "
+                       f"{len(self.rounds) - 1}")
+
   def check_dims(self, dims: Mapping[str, int]) -> None:
     """Raises unless `dims` names every dim of the step, no other, and meets the
     constraints: the plan holds within them only (`TracedProgram.check_dims`)."""
