@@ -52,7 +52,6 @@ def first_round(peaks: Sequence[int], fits: Callable[[int], bool]) -> tuple[int,
 PREDICT_XLA_BUFFERS = os.environ.get("JAX_SYMMEM_XLA_BUFFERS", "1") != "0"
 
 
-
 class InOrder(Sequence[int]):
   """`values` (indexed by round) read in the order `order` gives the rounds: the search
   for a fitting round (`variants.search_rounds`, `refine_round`, `first_round`) walks

@@ -138,12 +138,15 @@ class BoxProblem:
     if pinned:
       self.fixed.update((self.names[j], x) for j, x in pinned.items())
       self.P = pin(self.P, pinned)
-      ineqs = [pin(g, pinned) for g in self.ineqs]
       # One that pinning made constant (b*b <= 1 at b = 1: 0 >= 0) holds everywhere, or
       # nowhere: then no point of the box is allowed.
-      constant = [sum(g.values()) for g in ineqs if not any(map(any, g))]
-      self.empty = any(c < 0 for c in constant)
-      self.ineqs = [g for g in ineqs if any(map(any, g))]
+      ineqs = []
+      for g in (pin(g, pinned) for g in self.ineqs):
+        if any(map(any, g)):
+          ineqs.append(g)
+        elif sum(g.values()) < 0:
+          self.empty = True
+      self.ineqs = ineqs
     if not self.P:
       return
     columns = list(zip(*self.P))   # each var's exponents over P's terms

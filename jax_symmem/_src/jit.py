@@ -163,6 +163,12 @@ def signature(fun) -> inspect.Signature | None:
     return None
 
 
+def positional_count(sig: inspect.Signature | None) -> int:
+  """How many parameters of a signature take positional arguments (0 without one)."""
+  return 0 if sig is None else sum(p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+                                   for p in sig.parameters.values())
+
+
 def bind_keywords(sig: inspect.Signature | None, args: tuple, kwargs: dict,
                   static_argnums=(), static_argnames=()) -> tuple[tuple, dict]:
   """(args, kwargs) with each dynamic keyword argument at its parameter's position
@@ -284,9 +290,7 @@ class SymmemFunction:
     self._fun = fun
     self._signature = signature(fun)
     self._keyword_plans: dict[tuple, tuple] = {}   # `_bind_keywords`
-    self._positional_params = 0 if self._signature is None else sum(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        for p in self._signature.parameters.values())
+    self._positional_params = positional_count(self._signature)
     self._shapes = polymorphic_shapes
     # Malformed constraints (or one string for a tuple of them) fail here, not at a call.
     self._constraints = constraints_lib.parse_constraints(constraints).source

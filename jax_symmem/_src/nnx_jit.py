@@ -128,9 +128,7 @@ class NnxFunction:
     shapes = self._shapes
     if len(shapes) == nargs:
       return shapes
-    params = (len(shapes) if self._signature is None else sum(
-        p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
-        for p in self._signature.parameters.values()))
+    params = len(shapes) if self._signature is None else jit_lib.positional_count(self._signature)
     if nargs < len(shapes) <= params:
       return shapes[:nargs]
     static = [i for i in self._static_argnums if i < nargs]

@@ -153,7 +153,6 @@ class TracedProgram:
             f"{sum(1 for _ in self.program.walk())} nodes; constraints {self.constraints})")
 
 
-
 def integer_dims(dims: Mapping[str, int]) -> dict[str, int]:
   """`dims` with Python ints as values (NumPy and JAX integer scalars converted); a
   TypeError for anything else (a float, a bool): a size is an integer."""
@@ -1046,15 +1045,19 @@ _SYMBOLIC_DIMS_WITHOUT_CYCLES = _ProcessPatch(_jax_core, "_canonicalize_dimensio
 _JAX_CANONICALIZE_DIMENSION = _SYMBOLIC_DIMS_WITHOUT_CYCLES.original
 
 
+def _rank_error(path, rank: int, written, shape) -> ShapeSpecError:
+  return ShapeSpecError(
+      f"the polymorphic shape for argument args{jax.tree_util.keystr(path)} has rank "
+      f"{rank} ({written}) but the argument has shape {tuple(shape)}; "
+      "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
+
+
 def _check_ranks(args, specs) -> None:
   paths = jax.tree_util.tree_flatten_with_path(args)[0]
   for (path, arg), spec in zip(paths, jax.tree_util.tree_leaves(specs)):
     shape = getattr(arg, "shape", None)
     if shape is not None and len(spec.shape) != len(shape):
-      raise ShapeSpecError(
-          f"the polymorphic shape for argument args{jax.tree_util.keystr(path)} has rank "
-          f"{len(spec.shape)} ({spec.shape}) but the argument has shape {tuple(shape)}; "
-          "write one entry per axis ('_' keeps an axis static, '...' keeps the rest)")
+      raise _rank_error(path, len(spec.shape), spec.shape, shape)
 
 
 def _without_absent_keys(spec, arg):
@@ -1096,10 +1099,7 @@ def _check_spec_ranks(args, polymorphic_shapes) -> None:
     for sub_path, leaf in jax.tree_util.tree_flatten_with_path(sub)[0]:
       shape = tuple(getattr(leaf, "shape", ()))
       if named > len(shape) or (named < len(shape) and not rest):
-        raise ShapeSpecError(
-            f"the polymorphic shape for argument args{jax.tree_util.keystr(path + sub_path)} "
-            f"has rank {named} ({spec!r}) but the argument has shape {shape}; write one "
-            "entry per axis ('_' keeps an axis static, '...' keeps the rest)")
+        raise _rank_error(path + sub_path, named, repr(spec), shape)
   prefix = tuple(polymorphic_shapes) if isinstance(polymorphic_shapes, list) else polymorphic_shapes
   try:
     jax.tree_util.tree_map_with_path(visit, prefix, args,
