@@ -6,6 +6,7 @@ from concurrent import futures
 import functools
 import logging as py_logging
 
+import chex
 import jax
 from jax import lax
 import jax.numpy as jnp
@@ -67,6 +68,35 @@ def test_shape_outside_the_constraints():
   with pytest.raises(symmem.ShapeError, match=r"k = 9 is outside \[1, 8\].*s == 8\*k"):
     g(jnp.ones((2, 72)))
   assert f.cache_info()["compiles"] == g.cache_info()["compiles"] == 1
+
+
+def test_an_empty_batch_runs_as_jax_jit_runs_it():
+  # jax.export's dims are >= 1; a batch with b = 0 (or s = 0) has nothing to recompute.
+  def step(w, x, mask):
+    def loss(w):
+      return jnp.sum(jnp.tanh(x @ w).sum(-1) * mask) / jnp.maximum(mask.sum(), 1.0)
+    value, grad = jax.value_and_grad(loss)(w)
+    return w - 0.1 * grad, value
+  w = jnp.full((8, 8), 0.1)
+  batches = [(jnp.ones((b, s, 8)), jnp.ones((b, s))) for b, s in ((2, 16), (0, 16), (2, 0))]
+  expected = [jax.jit(step)(w, *batch) for batch in batches]
+  f = symmem.jit(step, polymorphic_shapes=(None, "b, s, _", "b, s"), constraints=("b <= 4", "s <= 64"))
+  for batch, want in zip(batches, expected):
+    chex.assert_trees_all_close(f(w, *batch), want, rtol=0, atol=0)
+  assert f.cache_info()["empty_batches"] == 2
+  assert f.last_call["empty_batch"] and f.last_call["round"] == 0
+  # Under a budget: XLA's figure of the step as jax.jit compiles it, checked once per shape.
+  g = symmem.jit(step, polymorphic_shapes=(None, "b, s, _", "b, s"), constraints=("b <= 4", "s <= 64"), memory_budget="64MiB")
+  chex.assert_trees_all_close(g(w, *batches[1]), expected[1], rtol=0, atol=0)
+  chex.assert_trees_all_close(g(w, *batches[1]), expected[1], rtol=0, atol=0)
+  assert 0 < g.last_call["xla_bytes"] <= 64 * 2**20 and g.cache_info()["compiles"] == 1
+  tight = symmem.jit(step, polymorphic_shapes=(None, "b, s, _", "b, s"),
+                     constraints=("b <= 4", "s <= 64"), memory_budget=64)
+  with pytest.raises(symmem.BudgetError, match=r"an empty axis: XLA's memory_analysis\(\) reports"):
+    tight(w, *batches[1])
+  # Other bad shapes keep their errors.
+  with pytest.raises(symmem.ShapeError, match=r"axis 2 was traced as a constant 8"):
+    f(w, jnp.ones((0, 16, 3)), jnp.ones((0, 16)))
 
 
 def test_spec_of_the_wrong_rank():

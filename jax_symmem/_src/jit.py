@@ -109,6 +109,8 @@ class _Entry:
   # (dims, the leaves' types) -> the bytes per device of the leaves that are jax.Arrays:
   # what a budgeted call subtracts from the live bytes, summed once per shape.
   arg_bytes: dict[tuple, int] = dataclasses.field(default_factory=dict)
+  # (shape, dtype) per leaf of a batch with an empty axis -> XLA's figure as jax.jit compiles it.
+  empty_footprints: dict[tuple, int] = dataclasses.field(default_factory=dict)
 
   @property
   def calibration(self) -> variants_lib.Calibration:
@@ -314,7 +316,8 @@ class SymmemFunction:
     self._entries: dict[Any, _Entry] = {}                 # static key -> its state
     self.last_call: dict | None = None                    # the most recent dispatch
     self._counts = {"compiles": 0, "hits": 0, "fallback_calls": 0, "recompiles": 0,
-                    "refinements": 0, "budget_errors": 0, "speed_trials": 0, "traced_calls": 0}
+                    "refinements": 0, "budget_errors": 0, "speed_trials": 0, "traced_calls": 0,
+                    "empty_batches": 0}
     self._jax_jit: Callable | None = None   # the step under plain jax.jit (`_as_jax_jit`)
 
   # -- public --
@@ -359,25 +362,13 @@ class SymmemFunction:
     try:
       dims = traced.bind_dims(*dyn_args)
     except ShapeError:
+      if validation.empty_axes(traced, dyn_args):
+        return self._call_empty(entry, args, kwargs, flat)
       validation.explain_shape_error(self._caller(), traced, dyn_args)
       raise
     budget = self._budget()
-    reserved = 0
     dims_key = tuple(sorted(dims.items()))
-    if budget is not None:
-      # The dims and dtypes fix every array's bytes; the types say which are jax.Arrays.
-      bytes_key = (dims_key, tuple(map(type, flat)))
-      arg_bytes = entry.arg_bytes.get(bytes_key)
-      if arg_bytes is None:
-        splits = entry.arg_splits or (1,) * len(flat)
-        # Per device; NumPy arguments are not among the live arrays the probe counts.
-        arg_bytes = sum(_array_bytes(a) // d for a, d in zip(flat, splits)
-                        if isinstance(a, jax.Array))
-        if len(entry.arg_bytes) < 4096:
-          entry.arg_bytes[bytes_key] = arg_bytes
-      reserved = max(0, _live_bytes() - arg_bytes)
-      # Arrays over several processes: the largest reading of any (device.py).
-      reserved = _agreed_reserved(reserved, budget, flat)
+    reserved = 0 if budget is None else self._reserved(entry, flat, dims_key, budget)
     key = (dims_key, reserved >> 20, budget)
     with self._lock:
       if key in entry.refused:
@@ -458,7 +449,8 @@ class SymmemFunction:
     first: XLA reported a variant over budget), refinements (compiles on a shape's later
     calls of a round that recomputes less, `_refine`), calls that fell back to jax.jit,
     calls refused with BudgetError, speed trials settled (`speed_trials=True`), calls
-    traced into an enclosing transformation (`traced_calls`: run as jax.jit), executables."""
+    traced into an enclosing transformation (`traced_calls`: run as jax.jit), calls with
+    an empty batch (`empty_batches`: run as jax.jit compiles the step), executables."""
     with self._lock:
       return dict(self._counts, executables=sum(len(e.variants) for e in self._entries.values()))
 
@@ -792,6 +784,54 @@ class SymmemFunction:
                       "xnnpack_fusions": variant.xnnpack_fusions}
     out = variant.executable(*flat)
     return jax.tree_util.tree_unflatten(variant.out_tree or entry.analysis.traced.out_tree, out)
+
+  @staticmethod
+  def _reserved(entry: _Entry, flat, shapes_key, budget: int) -> int:
+    """The bytes other live arrays hold: all live bytes less this call's arguments."""
+    # The shapes and dtypes fix every array's bytes; the types say which are jax.Arrays.
+    bytes_key = (shapes_key, tuple(map(type, flat)))
+    arg_bytes = entry.arg_bytes.get(bytes_key)
+    if arg_bytes is None:
+      splits = entry.arg_splits or (1,) * len(flat)
+      # Per device; NumPy arguments are not among the live arrays the probe counts.
+      arg_bytes = sum(_array_bytes(a) // d for a, d in zip(flat, splits)
+                      if isinstance(a, jax.Array))
+      if len(entry.arg_bytes) < 4096:
+        entry.arg_bytes[bytes_key] = arg_bytes
+    reserved = max(0, _live_bytes() - arg_bytes)
+    # Arrays over several processes: the largest reading of any (device.py).
+    return _agreed_reserved(reserved, budget, flat)
+
+  def _call_empty(self, entry: _Entry, args, kwargs, flat):
+    """A batch with an empty symbolic axis (b = 0) lies outside jax.export's dims (>= 1),
+    and nothing in it has an element along that axis to recompute: it runs as jax.jit
+    compiles the step as written, under the budget by XLA's figure where there is one."""
+    step = self._as_jax_jit()
+    budget = self._budget()
+    shapes = tuple((a.shape, a.dtype) for a in flat)
+    with self._lock:
+      self._counts["empty_batches"] += 1
+      if self._counts["empty_batches"] == 1:
+        logging.info("jax_symmem: %s: a batch with an empty axis runs as jax.jit compiles the "
+                     "step (counted in cache_info()['empty_batches'])", self.__name__)
+      call = {"dims": None, "round": 0, "empty_batch": True, "budget": budget, "reserved": 0,
+              "xla_bytes": None, "xnnpack_fusions": True}
+      if budget is not None:
+        xla_bytes = entry.empty_footprints.get(shapes)
+        if xla_bytes is None:
+          self._counts["compiles"] += 1
+          xla_bytes = variants_lib.footprint(step.lower(*args, **kwargs).compile())
+          entry.empty_footprints[shapes] = xla_bytes
+        reserved = self._reserved(entry, flat, shapes, budget)
+        call.update(reserved=reserved, xla_bytes=xla_bytes)
+        if xla_bytes + reserved > budget:
+          self._counts["budget_errors"] += 1
+          figure, room = variants_lib.over_budget(xla_bytes, budget, reserved)
+          raise BudgetError(f"{self.__name__}: a batch with an empty axis: XLA's "
+                            f"memory_analysis() reports {figure} for the step as jax.jit "
+                            f"compiles it, over {room}")
+      self.last_call = call
+    return step(*args, **kwargs)
 
   def _policy(self, flat, budget, reserved, entry: _Entry | None = None
               ) -> variants_lib.CompilePolicy:

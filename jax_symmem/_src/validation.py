@@ -61,7 +61,7 @@ def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
               "polymorphic_shapes, e.g. 'b, s'")
         continue
       p = jax_dims.to_poly(d)
-      if len(p.variables()) != 1 or p.degree() != 1:
+      if n == 0 or len(p.variables()) != 1 or p.degree() != 1:   # empty: `empty_axes`
         continue
       (v,) = p.variables()
       coeff = p.as_dict().get(((Var(v), 1),))
@@ -70,3 +70,22 @@ def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
         declared = [c for c in caller.constraints if re.search(rf"\b{v}\b", c)]
         raise ShapeError(f"{at} must be {p} for some integer {v} >= 1 (constraints: "
                          f"{', '.join(declared) or 'none'}), and {n} is not")
+
+
+def empty_axes(traced, dyn_args) -> list[str]:
+  """`args[...] axis n` for each axis of a symbolic dim that has size 0 (an empty batch),
+  where every argument has its spec's rank and static sizes; [] otherwise."""
+  paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
+  specs = jax.tree_util.tree_leaves(traced.in_specs)
+  if len(paths) != len(specs):
+    return []
+  found = []
+  for (path, x), spec in zip(paths, specs):
+    shape = tuple(getattr(x, "shape", ()))
+    if len(shape) != len(spec.shape) or any(
+        isinstance(d, int) and d != n for d, n in zip(spec.shape, shape)):
+      return []
+    found += [f"args{jax.tree_util.keystr(path)} axis {axis}"
+              for axis, (d, n) in enumerate(zip(spec.shape, shape))
+              if n == 0 and not isinstance(d, int)]
+  return found
