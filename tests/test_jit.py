@@ -575,6 +575,10 @@ def test_clear_cache_and_static_arguments_as_under_jax_jit():
   assert step.compiled() == [] and step.variants() == []
   np.testing.assert_array_equal(step(jnp.ones(2), 2), 2 * jnp.ones(2))
   assert step.cache_info()["compiles"] == 2 and len(step.compiled()) == 1
+  jax.clear_caches()   # reaches symmem.jit's steps too, as it reaches jax.jit's
+  assert step.compiled() == []
+  step(jnp.ones(2), 2)
+  assert step.cache_info()["compiles"] == 3
 
 
 def test_a_method_binds_its_instance_as_jax_jit_does():

@@ -319,6 +319,8 @@ class SymmemFunction:
                     "refinements": 0, "budget_errors": 0, "speed_trials": 0, "traced_calls": 0,
                     "empty_batches": 0}
     self._jax_jit: Callable | None = None   # the step under plain jax.jit (`_as_jax_jit`)
+    # jax.clear_caches() drops this step's traces, plans and executables too.
+    self._cleared_by_jax = tracing.cleared_by_jax(self.clear_cache, "symmem.jit")
 
   # -- public --
   def __repr__(self) -> str:   # as jax.jit's, with what makes it symmem's
@@ -486,7 +488,8 @@ class SymmemFunction:
 
   def clear_cache(self) -> None:
     """Drops every trace, plan and executable, as jax.jit's `clear_cache` drops its
-    executables: the next call traces, plans and compiles anew (`cache_info()` counts on)."""
+    executables: the next call traces, plans and compiles anew (`cache_info()` counts on).
+    `jax.clear_caches()` calls it for every live step."""
     with self._lock:
       self._entries.clear()
       if self._jax_jit is not None:

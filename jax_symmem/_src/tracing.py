@@ -21,6 +21,7 @@ import itertools
 import operator
 import re
 import threading
+import weakref
 from typing import Any, Callable, Mapping, NoReturn, Sequence
 
 import jax
@@ -33,6 +34,7 @@ from jax._src import config as _jax_config   # _check_vma: `inside_shard_map`
 # jax._src.core in every version pyproject.toml allows.
 from jax._src import core as _jax_core
 from jax._src import source_info_util
+from jax._src import util as _jax_util   # register_cache: `cleared_by_jax`
 from jax._src import api_util as _jax_api_util   # `raise_floating_point_error`
 from jax._src.lax import lax as _jax_lax   # _ragged_dot_general_impl: `_dense_ragged_dot`
 
@@ -463,6 +465,32 @@ class _Flattener:
     for k, o in zip(fenced, outs):
       ins[k] = o
     return ins
+
+
+class _ClearedByJax:
+  """What JAX's cache registry takes (`cache_clear`, `cache_info`, `cache_keys`): it
+  calls `clear` of an object it holds weakly, for `jax.clear_caches()`."""
+
+  def __init__(self, clear: Callable[[], None]):
+    self._clear = weakref.WeakMethod(clear)
+
+  def cache_clear(self) -> None:
+    if (clear := self._clear()) is not None:
+      clear()
+
+  def cache_info(self) -> None:
+    return None
+
+  def cache_keys(self) -> list:
+    return []
+
+
+def cleared_by_jax(clear: Callable[[], None], for_what: str) -> Any:
+  """Makes `jax.clear_caches()` call the bound method `clear` while the returned object
+  lives (JAX's registry holds it weakly: keep it on the method's instance)."""
+  hook = _ClearedByJax(clear)
+  _jax_util.register_cache(hook, for_what)
+  return hook
 
 
 def trace_context() -> Any:
