@@ -83,6 +83,11 @@ def test_attention_scores_are_quadratic_in_s(symbolic_step):
   _, graph = symbolic_step
   biggest = graph.largest(1, b=16, s=512)[0]
   assert str(graph.bytes(biggest.id)) == f"{4 * CFG.n_heads}*b*s^2"
+  # Dims outside the constraints, or not the step's, are refused as by the analysis.
+  with pytest.raises(symmem.ShapeError, match=r"outside the constraints.*s = 4096"):
+    graph.largest(1, b=16, s=4096)
+  with pytest.raises(ValueError, match="unknown dims t"):
+    graph.largest(1, b=16, s=512, t=3)
 
 
 def test_relations_hold_at_concrete_points(symbolic_step):

@@ -331,7 +331,10 @@ class ShapeGraph:
     return poly.evaluate(env)
 
   def largest(self, n: int = 10, **dims: int) -> list[ValueInfo]:
-    """The n largest values at the given dims (default: the largest allowed dims)."""
+    """The n largest values at the given dims (default: the largest allowed dims), which
+    must meet the constraints (`TracedProgram.check_dims`)."""
+    if dims:
+      self.traced.check_dims(dims)
     env = dims or self.max_dims()
     return sorted(self.values.values(), key=lambda v: -self.evaluate(v.bytes, **env))[:n]
 
