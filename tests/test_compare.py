@@ -330,6 +330,45 @@ def test_general_inequalities():
 
 
 @pytest.mark.parametrize("lhs,rhs,constraints,kind", [
+    # A constraint that holds with equality at allowed points: no box test sees the sign.
+    ("4*b*s", "32768", ["b*s <= 8192"], "LE"),
+    ("b*s^2", "8192*s", ["b*s <= 8192", "s <= 1024"], "LE"),
+    ("b", "s", ["b >= s"], "GE"),
+    ("b*s", "s^2", ["b >= s", "b <= 100"], "GE"),
+    ("s + t", "2*s", ["t >= s", "t <= 50"], "GE"),
+    # cross-attention against self-attention of an encoder-decoder with t <= s
+    ("4*b*h*t*s", "4*b*h*s^2", ["t <= s"], "LE"),
+    ("b*t*s + b*s^2 + 3", "2*b*s^2 + 3", ["t <= s", "s <= 512"], "LE"),
+])
+def test_inequalities_that_hold_with_equality(lhs, rhs, constraints, kind):
+  o = compare(lhs, rhs, constraints=constraints)
+  assert o.kind == kind, o
+  ranges = {v: 12 for v in "bhst"}
+  check_against_brute_force(lhs, rhs, constraints, ranges, exhaustive=False)
+
+
+@pytest.mark.parametrize("smaller,larger", [("b*s", "24"), ("t", "s"), ("s + 2", "b"),
+                                            ("2*t", "s + 3"), ("b*t", "s^2")])
+def test_multiples_of_an_inequality_are_decided_and_agree_with_brute_force(smaller, larger):
+  # lhs - rhs = m*(smaller - larger) - q, q = 0 or of positive coefficients: LE wherever the
+  # constraint holds, EQ at some allowed points when q = 0 (on boxes too large to search
+  # point by point near that boundary); brute force checks each answer on a sub-box.
+  rng = random.Random(smaller + larger)
+  dims = [Poly.var(n) for n in "bst"]
+  cons = [f"{smaller} <= {larger}", "b <= 64", "s <= 4096", "t <= 4096"]
+  decided = 0
+  for _ in range(40):
+    m = Poly.const(rng.randint(1, 3))
+    for _ in range(rng.randint(0, 2)):
+      m = m * rng.choice(dims)
+    q = Poly.from_dict({mono: abs(c) for mono, c in _random_poly(rng, dims, 2).terms})
+    rhs = m * parse(larger) + (q if rng.random() < 0.5 else 0)
+    decided += check_against_brute_force(m * parse(smaller), rhs, cons,
+                                         {"b": 8, "s": 8, "t": 8}, exhaustive=False).kind == "LE"
+  assert decided == 40
+
+
+@pytest.mark.parametrize("lhs,rhs,constraints,kind", [
     # each case of max/min holds only on its region (b <= h for min(b, h) = b)
     (b * b.min(h) ** 2 - 7 * b * s - 2 * b.min(h), 2, ["b <= 4", "s <= 9", "h <= 3"], "LE"),
     (3 * s * s.max(b) ** 2 - 2 * b * s.max(b), 0, ["b <= 5", "s <= 8", "b >= 2"], "GE"),

@@ -20,8 +20,10 @@ rest by the coefficient tests or one box of Bernstein coefficients.
 
 Operation atoms (floordiv/mod/max/min) are rewritten into plain polynomials
 over a box that contains every allowed point (see `compare_solver.Solver._atoms`);
-general inequality constraints prune boxes. Neither ever makes a claim unsound:
-proofs hold on a superset, witnesses are checked on the original expressions.
+general inequality constraints prune boxes, and on plain polynomials also prove
+(lhs - rhs minus a multiple of one, `BoxProblem._by_multipliers`). Neither ever
+makes a claim unsound: proofs hold on a superset, witnesses are checked on the
+original expressions.
 
 This module is the public entry point and input normalization; the procedure
 lives in one-way layers below it:

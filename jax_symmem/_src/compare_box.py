@@ -24,6 +24,10 @@ from jax_symmem._src.compare_univariate import univariate_pieces
 _REPORTS = 16
 # Upper cap on the finite part of an unbounded dimension's range.
 _MAX_CAP = 1 << 40
+# Inequality multipliers (`_by_multipliers`): how many, one after another, and how many
+# candidate products each step tries.
+_MULTIPLIER_DEPTH = 3
+_MULTIPLIER_CANDIDATES = 4
 
 
 class Search:
@@ -73,14 +77,16 @@ OnPoint = Callable[[dict[str, int], int], None]
 class BoxProblem:
   """Decides the sign of an integer polynomial P over the integers of a box.
 
-  `ineqs` (each g >= 0, over the same variables) only shrink the feasible set:
-  boxes where some g < 0 throughout are dropped, and points violating one do
-  not count as evidence. `on_point(env, sign)` is told every feasible point
+  `ineqs` (each g >= 0, over the same variables) shrink the feasible set: boxes
+  where some g < 0 throughout are dropped, and points violating one do not count
+  as evidence; with `multipliers` they also prove (`_by_multipliers`). `on_point(env, sign)` is told every feasible point
   found with a nonzero sign, so the caller can verify it as a witness.
   """
 
-  def __init__(self, search: Search, P, names, box, ineqs, on_point: OnPoint | None):
+  def __init__(self, search: Search, P, names, box, ineqs, on_point: OnPoint | None,
+               multipliers: bool = False):
     self.search = search
+    self.multipliers = multipliers   # the inequalities may prove, not only prune (the user's)
     self.P, self.names, self.box = P, list(names), list(box)
     self.ineqs = list(ineqs)
     self.on_point = on_point
@@ -219,6 +225,12 @@ class BoxProblem:
     ge, le = self._shifted(want_ge and not self.found[-1], want_le and not self.found[1])
     if ge or le:
       return self._finish(ge, le, want_ge, want_le, "shifted")
+    if self.multipliers and self.ineqs:
+      ge = want_ge and not self.found[-1] and self._by_multipliers(self.P, _MULTIPLIER_DEPTH)
+      le = want_le and not self.found[1] and self._by_multipliers(
+          {e: -c for e, c in self.P.items()}, _MULTIPLIER_DEPTH)
+      if ge or le:
+        return self._finish(ge, le, want_ge, want_le, "multipliers")
     ge, le = self._subdivide(want_ge, want_le)
     return Result(ge, le, "bernstein" if (ge or le or not self.search.exhausted) else "budget")
 
@@ -287,6 +299,42 @@ class BoxProblem:
     Q = shift(self.P, [lo for lo, _ in self.box], [1] * len(self.box))
     return (want_ge and all(v >= 0 for v in Q.values()),
             want_le and all(v <= 0 for v in Q.values()))
+
+  # --- inequality multipliers ---------------------------------------------
+  def _by_multipliers(self, R, depth: int) -> bool:
+    """Proves R >= 0 on the allowed points as a*R = Q + c*m*g: g >= 0 an inequality, m a
+    monomial (>= 0 on the box), a, c > 0, and Q >= 0 on the whole box.
+
+    Where an inequality holds with equality at allowed points (4*b*s vs 32768 under
+    b*s <= 8192; t*s vs s^2 under t <= s), R is 0 there and negative just outside, so
+    no test over a box sees its sign, and subdivision never ends along that boundary.
+    Each step cancels a negative term of R by a negative term of some g that divides
+    it (R's highest degrees first), up to `depth` steps; Q is then tested by its
+    coefficients, and where no step is left, as a box problem of its own.
+    """
+    if not self.search.spend():
+      return False
+    lows = [lo for lo, _ in self.box]
+    if all(v >= 0 for v in shift(R, lows, [1] * len(lows)).values()):
+      return True   # R(lo + y) has no negative coefficient: R >= 0 wherever x >= lo
+    steps = []
+    if depth:
+      for t in sorted((e for e, c in R.items() if c < 0), key=lambda e: -sum(e)):
+        for g in self.ineqs:
+          for u, cu in g.items():
+            m = tuple(map(operator.sub, t, u))
+            if cu < 0 and min(m) >= 0 and not any(k and lo < 0 for k, lo in zip(m, lows)):
+              steps.append((t, g, -cu, m))
+    for t, g, a, m in steps[:_MULTIPLIER_CANDIDATES]:
+      Q = {e: a * v for e, v in R.items()}
+      for w, cw in g.items():
+        e = tuple(map(operator.add, w, m))
+        Q[e] = Q.get(e, 0) + R[t] * cw
+      if self._by_multipliers({e: v for e, v in Q.items() if v}, depth - 1):
+        return True
+    if steps or depth == _MULTIPLIER_DEPTH:   # R itself: what `decide` is already doing
+      return False
+    return BoxProblem(self.search, R, self.names, self.box, (), None).decide(True, False).ge
 
   # --- Bernstein subdivision -----------------------------------------------
   def _subdivide(self, want_ge: bool, want_le: bool) -> tuple[bool, bool]:

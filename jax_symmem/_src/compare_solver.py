@@ -248,7 +248,7 @@ class Solver:
       gs = [to_dict(g, names) for g in ineqs]
     box = [self.bound(v) for v in names]
     on_point = self.on_exact_point if exact else self.on_point
-    res = BoxProblem(self.search, P, names, box, gs, on_point).decide()
+    res = BoxProblem(self.search, P, names, box, gs, on_point, multipliers=True).decide()
     return self._finish(res, names)
 
   def _plain_difference(self) -> tuple[list[str], dict[tuple[int, ...], int]] | None:
