@@ -339,6 +339,10 @@ def test_general_inequalities():
     # cross-attention against self-attention of an encoder-decoder with t <= s
     ("4*b*h*t*s", "4*b*h*s^2", ["t <= s"], "LE"),
     ("b*t*s + b*s^2 + 3", "2*b*s^2 + 3", ["t <= s", "s <= 512"], "LE"),
+    # a case of max/min is an inequality of its own (b >= s where max(b, s) = b)
+    ("max(b, s) + min(b, s)", "b + s", [], "EQ"),
+    ("max(b, s)", "b", ["b >= s"], "EQ"),
+    ("max(b*s, 8192)", "8192", ["b*s <= 8192"], "EQ"),
 ])
 def test_inequalities_that_hold_with_equality(lhs, rhs, constraints, kind):
   o = compare(lhs, rhs, constraints=constraints)

@@ -407,7 +407,10 @@ class Solver:
     box = [f.bounds[v] if v in f.bounds else self.bound(v) for v in names]
     gs = [to_dict(g, names) for g in ineqs]
     on_point = functools.partial(self._on_relaxed_point, rewrites=f.rewrites)
-    return BoxProblem(self.search, to_dict(d, names), names, box, gs, on_point).decide(*f.want)
+    # The cases of max/min are exact: their regions' inequalities may prove, as the user's.
+    exact = not f.rewrites and not any("#" in v for v in names)
+    return BoxProblem(self.search, to_dict(d, names), names, box, gs, on_point,
+                      multipliers=exact).decide(*f.want)
 
   def _on_relaxed_point(self, env: dict[str, int], sign: int, rewrites) -> None:
     """Maps a point of a relaxed problem back to the original dims and verifies it."""
