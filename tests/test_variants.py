@@ -5,6 +5,7 @@ assumption (hypothesis) and on figures measured by experiments/bench_recompile.p
 """
 
 import collections.abc
+import types
 
 from hypothesis import given, settings, strategies as st
 import pytest
@@ -394,3 +395,20 @@ def test_refinement_reads_xla_ratio_by_position_on_the_ladder():
   fits = lambda b: b <= int(38.2 * MiB)
   tried = [(k, int(xla[k] * MiB)) for k in (8, 15, 24)]
   assert variants.refine_round(peaks, tried, fits) == 9 and fits(int(xla[9] * MiB))
+
+
+def test_the_long_search_warning_prints_bytes_where_figures_read_the_same(caplog):
+  # A probe's tiny NNX step: every round XLA compiled read 5.4 MiB beside 5.4 MiB of room.
+  step = types.SimpleNamespace(traced=types.SimpleNamespace(fun_name="train_step"),
+                               rounds=[None] * 14)
+  compiled = [variants.Variant({"s": 128}, k, None, n, True)
+              for k, n in ((2, 5_662_244), (13, 5_650_180), (3, 5_656_388))]
+  policy = variants.CompilePolicy(budget=7_233_699, reserved=1_622_240)
+  with caplog.at_level("WARNING"):
+    variants._warn_long_search(step, {"s": 128}, compiled, policy)
+  assert ("(round 2 5,662,244 bytes, round 13 5,650,180 bytes, round 3 5,656,388 bytes; "
+          "5,611,459 bytes available): the other rounds (11)") in caplog.text
+  far_apart = [variants.Variant({"s": 128}, 2, None, 9 * 2**20, True)]
+  with caplog.at_level("WARNING"):
+    variants._warn_long_search(step, {"s": 128}, far_apart, policy)
+  assert "(round 2 9.0 MiB; 5.4 MiB available)" in caplog.text

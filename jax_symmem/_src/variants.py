@@ -540,14 +540,16 @@ LONG_SEARCH = 3
 
 
 def _warn_long_search(analysis, dims, compiled: Sequence[Variant], policy: CompilePolicy):
-  figures = ", ".join(f"round {v.round} {v.xla_bytes / 2**20:.1f}" for v in compiled)
+  # In bytes where two figures would read the same in MiB (rounds XLA lays out alike).
+  *figures, room = sizes(*(v.xla_bytes for v in compiled), policy.budget - policy.reserved)
   logging.warning(
       "jax_symmem: %s at %s: %d rounds compiled and none within the budget by XLA's "
-      "memory_analysis() (%s MiB; %.1f MiB available): the other rounds (%d) are compiled "
+      "memory_analysis() (%s; %s available): the other rounds (%d) are compiled "
       "too, one compile each until one fits, then the smallest again with XLA's other "
       "scheduler, before a BudgetError",
-      analysis.traced.fun_name, dict(dims), len(compiled), figures,
-      (policy.budget - policy.reserved) / 2**20, len(analysis.rounds) - len(compiled))
+      analysis.traced.fun_name, dict(dims), len(compiled),
+      ", ".join(f"round {v.round} {f}" for v, f in zip(compiled, figures)), room,
+      len(analysis.rounds) - len(compiled))
 
 
 # Rounds compiled again with XLA:CPU's other scheduler before a refusal: the smallest by
