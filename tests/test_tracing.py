@@ -504,6 +504,43 @@ def test_an_op_jax_cannot_trace_symbolically_is_a_tracing_error_with_advice():
   assert "test_tracing.py" in str(e.value)
 
 
+def test_jaxs_own_code_compile_time_evaluation_and_remainders_say_what_to_do():
+  x = jax.ShapeDtypeStruct((2, 16), jnp.float32)
+  # An option of a JAX function that needs a concrete size (Python's range inside JAX).
+  def windowed(q):
+    q = q[:, :, None, None] * jnp.ones(4)
+    return jax.nn.dot_product_attention(q, q, q, is_causal=True, local_window_size=(2, 0),
+                                        implementation="xla").sum()
+  with pytest.raises(symmem.TracingError,
+                     match=r"JAX's own code \(jax[/\\]_src[/\\]\S+:\d+ \(\w+\)\) needed a "
+                           r"concrete number.*mask from jnp.arange") as e:
+    symmem.trace(windowed, x, polymorphic_shapes="b, s", constraints=("s <= 64",))
+  assert "test_tracing.py" in str(e.value)
+  # A slice of a symbolic size under compile-time evaluation (equinox's rotary embedding):
+  # jax.export's UnexpectedDimVar, which named no line and gave no advice.
+  table = jnp.arange(128.0)
+  def rotary(x):
+    with jax.ensure_compile_time_eval():
+      t = table[:x.shape[1]]
+    return (x * t).sum()
+  with pytest.raises(symmem.TracingError, match=r"ran eagerly.*ensure_compile_time_eval"):
+    symmem.trace(rotary, x, polymorphic_shapes="b, s", constraints=("s <= 128",))
+  # A batch in chunks of 2 (lax.map's batch_size) whose leftover chunk decides a shape:
+  # the advice is the multiple, and as advised it traces.
+  def chunked(x, y):
+    def one(xy):
+      xi, yi = xy
+      logits = jnp.tanh(xi)[:, None] * jnp.arange(4.0)
+      return jnp.take_along_axis(logits, yi[:, None] % 4, axis=-1).sum()
+    return jax.lax.map(one, (x, y), batch_size=2).sum()
+  y = jax.ShapeDtypeStruct((2, 16), jnp.int32)
+  with pytest.raises(symmem.TracingError,
+                     match=r"remainder of b by 2 .* constraints=\('b == 2\*k',\)"):
+    symmem.trace(chunked, x, y, polymorphic_shapes=("b, s", "b, s"), constraints=("b <= 8",))
+  symmem.trace(chunked, x, y, polymorphic_shapes=("b, s", "b, s"),
+               constraints=("b <= 8", "b == 2*k"))
+
+
 def test_symbolic_dims_canonicalize_as_jax_does_and_leave_no_cycles():
   # tracing._canonicalize_dimension stands in for JAX's private one while symmem traces
   # (if JAX renames or drops it, this fails here): the same answers, fewer cycles.

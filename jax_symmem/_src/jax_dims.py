@@ -23,6 +23,8 @@ from jax_symmem._src.poly import Poly
 DimExpr = shape_poly._DimExpr
 # shape_poly raises subclasses of it; jax.errors exports it from jax 0.10 on.
 InconclusiveDimensionOperation = _jax_core.InconclusiveDimensionOperation
+# A dim that is not among the traced arguments' (one kept from another trace).
+UnexpectedDimVar = shape_poly.UnexpectedDimVar
 
 DimLike = Union[Poly, int, str, Any]
 

@@ -93,6 +93,21 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
             "(seen with strided convolutions on a dim declared a multiple of too small a "
             "number): declare the dim a multiple of the total stride, e.g. 'h == 8*k' for three "
             "stride-2 stages, or keep that axis static ('_')")
+  if isinstance(e, jax_dims.UnexpectedDimVar):
+    return ("an operation of a symbolic size ran eagerly, outside the traced program: under "
+            "jax.ensure_compile_time_eval() (equinox's RotaryPositionalEmbedding slices its "
+            "cached sin/cos table so, table[:s]), where JAX evaluates at once and needs "
+            "concrete sizes: compute it in the traced step (without compile-time "
+            "evaluation), or keep that axis static ('_' in polymorphic_shapes)")
+  remainder_of = _remainder_dims(msg) if "is inconclusive" in msg else []
+  if remainder_of:   # a batch of b in chunks of n (lax.map's batch_size): b's remainder
+    dim, n = remainder_of[0]
+    fresh = next(k for k in ("k", "m", "j", "k1") if k not in jax_dims.dims_of(specs))
+    return (f"the step's shapes depend on the remainder of {dim} by {n} (a leftover chunk: "
+            f"lax.map(..., batch_size={n}), or {dim} split into chunks of {n}), which JAX "
+            f"cannot decide: declare {dim} a multiple of {n}, constraints=('{dim} == "
+            f"{n}*{fresh}',) (or '{n}*{fresh}' for it in polymorphic_shapes), with batches a "
+            f"multiple of {n}")
   if "is inconclusive" in msg:
     return ("Python control flow on a symbolic dimension cannot be traced once for all shapes; "
             f"add a constraint that decides it ({_deciding_constraints(msg)}), or use "
@@ -131,12 +146,59 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
             "jax.numpy and lax on the dims (jnp.zeros(x.shape), jnp.arange(s), jnp.sqrt(s), "
             "lax.fori_loop or lax.scan for a loop over the axis), or keep that axis static "
             "('_' in polymorphic_shapes)")
+  if re.search(r"_DimExpr|DimExpr'", msg) and (inside := _jax_frame(e.__traceback__)):
+    return (f"JAX's own code ({inside}) needed a concrete number where the step passed a "
+            "symbolic dimension: the option used needs sizes known when tracing "
+            "(jax.nn.dot_product_attention's local_window_size builds its mask with "
+            "range(s)); compute that part in the step with jax.numpy on the dims (a mask "
+            "from jnp.arange, passed as mask=), or keep that axis static ('_' in "
+            "polymorphic_shapes)")
   if _raised_by_the_step(e.__traceback__):
     return ("the step's own code (or a library it calls) raised this, not JAX: it checks a "
             "shape against a fixed size (Whisper's encoder accepts one length of features) or "
             "cannot take a symbolic one; keep that axis static ('_' in polymorphic_shapes), or "
             "add a constraint that makes the check pass for every allowed shape")
   return "see the JAX shape polymorphism guide: https://docs.jax.dev/en/latest/export/shape_poly.html"
+
+
+def _remainder_dims(msg: str) -> list[tuple[str, int]]:
+  """(dim, n) for each remainder of a dim by a constant in an inconclusive comparison:
+  mod(b, n), or b - n*floordiv(b, n) as jax writes it (not floordiv(b, n) alone)."""
+  m = re.search(r"comparison '(.+?)' (?:>=|<=|>|<) '(.+?)' is inconclusive", msg)
+  try:
+    terms = (jax_dims.parse(m.group(1)) - jax_dims.parse(m.group(2))).as_dict() if m else {}
+  except Exception:   # noqa: BLE001 - not an expression this module reads
+    return []
+  found = set()
+  for mono, c in terms.items():
+    if len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], poly_lib.OpAtom):
+      continue
+    atom = mono[0][0]
+    if atom.op not in (poly_lib.FLOORDIV, poly_lib.MOD) or not all(
+        len(x.variables()) <= 1 for x in atom.operands):
+      continue
+    v, n = atom.operands
+    if not (_is_var(v) and n.is_constant() and n.constant > 1):
+      continue
+    (name,) = v.variables()
+    if atom.op == poly_lib.MOD or terms.get(((Var(name), 1),), 0) * -n.constant == c:
+      found.add((name, n.constant))
+  return sorted(found)
+
+
+def _is_var(p: Poly) -> bool:
+  return len(p.variables()) == 1 and p.degree() == 1 and p == Poly.var(next(iter(p.variables())))
+
+
+def _jax_frame(tb) -> str | None:
+  """`path:line (function)` of the innermost frame where that frame is JAX's own code
+  (not the step's, nor another library's); None otherwise."""
+  frames = traceback.extract_tb(tb)
+  jax_dir = os.sep + "jax" + os.sep
+  if not frames or jax_dir not in frames[-1].filename:
+    return None
+  f = frames[-1]
+  return f"jax{os.sep}{f.filename.rsplit(jax_dir, 1)[-1]}:{f.lineno} ({f.name})"
 
 
 def _raised_by_the_step(tb) -> bool:

@@ -1218,8 +1218,9 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
     with (_SAVE_EVERYTHING.active() if save_everything else contextlib.nullcontext(),
           _SYMBOLIC_DIMS_WITHOUT_CYCLES.active()):
       closed, out_shape = jax.make_jaxpr(fun, return_shape=True)(*specs)
-  except (jax_dims.InconclusiveDimensionOperation, jax.errors.ConcretizationTypeError,
-          TypeError, ValueError, RecursionError, NotImplementedError) as e:
+  except (jax_dims.InconclusiveDimensionOperation, jax_dims.UnexpectedDimVar,
+          jax.errors.ConcretizationTypeError, TypeError, ValueError, RecursionError,
+          NotImplementedError) as e:
     where = trace_advice.user_frame(e.__traceback__)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
     raise TracingError(
