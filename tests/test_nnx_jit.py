@@ -92,6 +92,10 @@ def test_updates_the_objects_in_place_as_nnx_jit_does(shapes):
   assert info["fallback_calls"] == 0 and info["compiles"] == len(set(shapes))
   assert info["hits"] == len(shapes) - info["compiles"]
   assert step.last_call["dims"] == {"b": 4, "s": 32}
+  # What was compiled, as symmem.jit lists it (one step per graph definition seen).
+  assert sorted(tuple(v["dims"].values()) for v in step.variants()) == sorted(set(shapes))
+  assert step.variants() == step.jitted.variants() and step.speed_trial_results() == []
+  assert [v.round for v in step.compiled(b=4, s=32)] == [0] and len(step.calibration()) == 1
   step.clear_cache()   # as jax.jit's: the next call compiles anew
   step(model, opt, *_batch(4, 32, 0))
   assert step.cache_info()["compiles"] == info["compiles"] + 1

@@ -178,6 +178,22 @@ class NnxFunction:
     for step in self._steps.values():
       step.clear_cache()
 
+  def variants(self) -> list[dict]:
+    """`SymmemFunction.variants()` of each graph definition seen, in turn."""
+    return [v for step in self._steps.values() for v in step.variants()]
+
+  def compiled(self, **dims: int) -> list:
+    """`SymmemFunction.compiled(**dims)` of each graph definition seen, in turn."""
+    return [v for step in self._steps.values() for v in step.compiled(**dims)]
+
+  def calibration(self) -> list[dict[int, float]]:
+    """`SymmemFunction.calibration()` of each graph definition seen, in turn."""
+    return [c for step in self._steps.values() for c in step.calibration()]
+
+  def speed_trial_results(self) -> list[dict]:
+    """`SymmemFunction.speed_trial_results()` of each graph definition seen, in turn."""
+    return [r for step in self._steps.values() for r in step.speed_trial_results()]
+
   @property
   def last_call(self) -> dict | None:
     return None if self.jitted is None else self.jitted.last_call
@@ -197,8 +213,9 @@ def nnx_jit(fun: Callable | None = None, *, polymorphic_shapes=jit_lib._NO_SHAPE
   nnx.jit (the objects' state is donated as one: every argument holding objects, or
   none). Other arguments, `constraints`, `memory_budget` and the remaining keywords
   (`impose_schedule`, `plan_cache_dir`, `speed_trials`) are as in `symmem.jit`;
-  `last_call`, `cache_info()` and `jitted` (the `SymmemFunction` of the latest call)
-  report on it.
+  `last_call`, `cache_info()`, `variants()`, `compiled()`, `calibration()`,
+  `speed_trial_results()` and `jitted` (the `SymmemFunction` of the latest call) report
+  on it.
   """
   if polymorphic_shapes is jit_lib._NO_SHAPES:
     raise TypeError(
