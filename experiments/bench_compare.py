@@ -21,7 +21,11 @@ magnitude bound shows no overflow (< 2^62), else with Python ints (object
 arrays), one slice of the grid at a time. As a baseline it also asks JAX's own
 `>=` on the same pair (DESIGN.md F9).
 
-  python -m experiments.bench_compare [--pairs 1000] [--seed 0] [--repeats 3]
+  python -m experiments.bench_compare [--pairs 1000] [--seed 0] [--repeats 3] [--inequalities]
+
+With --inequalities the pairs are drawn under general inequality constraints
+(`INEQUALITY_SETTINGS`: b*s <= 16384, t <= s, s + t <= 768) and checked over the points
+they allow.
 
 Prints a summary and writes experiments/results/bench_compare.json.
 """
@@ -61,6 +65,15 @@ SETTINGS = [
     ("b,s small", "bs", ("b <= 16", "s <= 2048"), {"b": 16, "s": 2048}),
 ]
 ATOM_SHARE = 0.1   # pairs with a floordiv/max term (pooling, padding)
+# --inequalities: general inequality constraints (tokens per batch, a target no longer
+# than its source), plain polynomials; the brute force counts only the points they allow.
+INEQUALITY_SETTINGS = [
+    ("b,s: b*s <= 16384", "bs", ("b <= 64", "s <= 2048", "b*s <= 16384"), {"b": 64, "s": 2048}),
+    ("b,s,t: t <= s", "bst", ("b <= 16", "s <= 512", "t <= 512", "t <= s"),
+     {"b": 16, "s": 512, "t": 512}),
+    ("b,s,t: s + t <= 768", "bst", ("b <= 16", "s <= 512", "t <= 512", "s + t <= 768"),
+     {"b": 16, "s": 512, "t": 512}),
+]
 
 
 # --------------------------------------------------------------------------
@@ -84,17 +97,17 @@ def _side(rng, dims, atoms):
   return p
 
 
-def make_pairs(n: int, seed: int):
+def make_pairs(n: int, seed: int, settings=SETTINGS):
   rng = random.Random(seed)
   s_ = Poly.var("s")
   atoms = [s_.floordiv(2), s_.floordiv(4), s_.max(Poly.const(128)), (Poly.var("b") * s_).floordiv(2)]
   cons = {name: parse_constraints(c, variables=sorted(set(dims) | {"s"}))
-          for name, dims, c, _ in SETTINGS}
+          for name, dims, c, _ in settings}
   pairs = []
   for i in range(n):
-    name, dims, _, ranges = SETTINGS[i % len(SETTINGS)]
+    name, dims, _, ranges = settings[i % len(settings)]
     dims = list(dims)
-    extra = atoms if rng.random() < ATOM_SHARE else []
+    extra = atoms if rng.random() < ATOM_SHARE and settings is SETTINGS else []
     lhs, rhs = _side(rng, dims, extra), _side(rng, dims, extra)
     pairs.append((name, lhs, rhs, cons[name], ranges))
   return pairs
@@ -157,6 +170,23 @@ def brute_force_signs(lhs: Poly, rhs: Poly, cons, ranges, dim: str | None):
     for v, q in cons.substitutions:
       env[v] = _np_eval(q, env)
     sg = np.sign(_np_eval(d, env)).astype(np.int8)
+    if cons.inequalities:   # only the points the constraints allow
+      allowed = np.ones(sg.shape, bool)
+      for g in cons.inequalities:
+        allowed &= _np_eval(g, env) >= 0
+      here = set(np.unique(sg[allowed]).tolist())
+      signs |= here
+      if dim == first:
+        by_dim[x0] |= here
+      elif dim is not None:   # each value's smallest and largest allowed sign
+        axis = rest.index(dim)
+        other = tuple(i for i in range(sg.ndim) if i != axis)
+        lo = np.where(allowed, sg, 2).min(axis=other) if other else np.where(allowed, sg, 2)
+        hi = np.where(allowed, sg, -2).max(axis=other) if other else np.where(allowed, sg, -2)
+        for value, (a, b) in enumerate(zip(lo.tolist(), hi.tolist()), start=1):
+          if a != 2:
+            by_dim[value] |= {a, b}
+      continue
     signs |= set(np.unique(sg).tolist())
     if dim == first:
       by_dim[x0] |= set(np.unique(sg).tolist())
@@ -245,10 +275,17 @@ def main(argv=None) -> int:
   ap.add_argument("--pairs", type=int, default=1000)
   ap.add_argument("--seed", type=int, default=0)
   ap.add_argument("--repeats", type=int, default=3, help="timed fresh runs per pair (best counts)")
-  ap.add_argument("--out", default=str(pathlib.Path(__file__).parent / "results" / "bench_compare.json"))
+  ap.add_argument("--inequalities", action="store_true",
+                  help="general inequality constraints instead (INEQUALITY_SETTINGS)")
+  ap.add_argument("--out", default=None, help="default experiments/results/"
+                  "bench_compare.json (with --inequalities, bench_compare_inequalities.json)")
   args = ap.parse_args(argv)
+  if args.out is None:
+    args.out = str(pathlib.Path(__file__).parent / "results" / (
+        "bench_compare_inequalities.json" if args.inequalities else "bench_compare.json"))
 
-  pairs = make_pairs(args.pairs, args.seed)
+  pairs = make_pairs(args.pairs, args.seed,
+                     INEQUALITY_SETTINGS if args.inequalities else SETTINGS)
   strings = [(str(lhs), str(rhs), cons.source) for _, lhs, rhs, cons, _ in pairs]
   load_before = list(os.getloadavg())
   t_start = time.perf_counter()
