@@ -63,3 +63,20 @@ def test_xla_peak_reads_what_xla_holds_at_its_peak():
                                                 .compile())["footprint"]
   assert got["packing"] == got["footprint"] - got["peak"]
   assert [size for _, size in got["largest_values"]] == [262144] * 3
+
+
+def test_bench_compares_brute_force_counts_only_the_points_the_inequalities_allow():
+  # Under t <= s, 4*b*t <= 4*b*s at every allowed point though not over the whole box.
+  from experiments import bench_compare
+  from jax_symmem._src.constraints import parse_constraints
+  from jax_symmem._src.poly import Poly
+  b, s, t = (Poly.var(n) for n in "bst")
+  ranges = {"b": 2, "s": 6, "t": 6}
+  cons = parse_constraints(("b <= 2", "s <= 6", "t <= 6", "t <= s"), variables="bst")
+  signs, _ = bench_compare.brute_force_signs(4 * b * t, 4 * b * s, cons, ranges, None)
+  assert signs == {0, -1}
+  box = parse_constraints(("b <= 2", "s <= 6", "t <= 6"), variables="bst")
+  assert bench_compare.brute_force_signs(4 * b * t, 4 * b * s, box, ranges, None)[0] == {-1, 0, 1}
+  # The signs along one dim, as sign pieces are checked: at s = 1 only t = 1 is allowed.
+  _, by_dim = bench_compare.brute_force_signs(t, Poly.const(1), cons, ranges, "s")
+  assert by_dim[1] == {0} and by_dim[6] == {0, 1}
