@@ -315,6 +315,14 @@ def test_general_inequalities():
     symbolic.check_feasible(bad)
   symbolic.check_feasible(cons)
   symbolic.check_feasible(["s <= 8"])
+  # Contradictions between inequalities over an unbounded dim: the multiples of one that
+  # cancel against another prove them (else every comparison under them proved anything,
+  # vacuously: compare('s', 10**6) read EQ).
+  for cycle in (["s <= t - 1", "t <= s - 1", "s <= 10"],
+                ["s <= t - 1", "t <= u - 1", "u <= s - 1", "s <= 10"]):
+    assert symbolic.is_feasible(cycle) is False
+    with pytest.raises(symmem.InfeasibleConstraintsError, match="together with the other"):
+      compare("s", 10**6, constraints=cycle)
   together = ["b*s >= 100", "b*s <= 50", "b <= 64", "s <= 64"]   # each alone can hold
   assert symbolic.is_feasible(together) is False
   with pytest.raises(ConstraintError, match="together with the other"):

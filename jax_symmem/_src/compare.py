@@ -75,9 +75,12 @@ def compare(lhs, rhs, *, constraints: constraints_lib.ConstraintsLike = ()) -> O
     given = constraints.source if isinstance(constraints, Constraints) else tuple(constraints or ())
     constraints = tuple(dict.fromkeys(given + scoped))
   cons = _as_constraints(constraints, lp.variables() | rp.variables())
-  if cons.inequalities:   # no allowed dims at all would make any answer vacuously true
-    check_feasible(cons)
-  return compare_polys(lp, rp, cons)
+  # No allowed dims at all would make any answer vacuously true: refused where known.
+  feasible = _feasible_or_raise(cons) if cons.inequalities else True
+  o = compare_polys(lp, rp, cons)
+  if feasible is None and o.method == "multipliers":   # a proof from the inequalities
+    return Ordering.of(UNKNOWN, lp, rp, None, None, None, (), "unproven")   # vacuous?
+  return o
 
 
 def is_feasible(constraints: constraints_lib.ConstraintsLike) -> bool | None:
@@ -97,7 +100,11 @@ def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
   e.g. "b*s >= 100000" with b <= 64 and s <= 1024, which would otherwise make
   every comparison vacuously true.
   """
-  cons = _as_constraints(constraints, ())
+  _feasible_or_raise(_as_constraints(constraints, ()))
+
+
+def _feasible_or_raise(cons: Constraints) -> bool | None:
+  """`feasibility`'s verdict: True, or None (undecided); InfeasibleConstraintsError for False."""
   ok, why = feasibility(cons)
   if ok is False:
     box = ", ".join(f"{lo} <= {v}" + (f" <= {hi}" if hi is not None else "")
@@ -105,6 +112,7 @@ def check_feasible(constraints: constraints_lib.ConstraintsLike) -> None:
     raise InfeasibleConstraintsError(
         f"{why} within the bounds {box} (constraints: {', '.join(cons.source)}); "
         "relax the constraint or widen the bounds")
+  return ok
 
 
 # --------------------------------------------------------------------------

@@ -38,4 +38,6 @@ def _never_holds(solver: Solver, g: Poly, others: tuple[Poly, ...]) -> bool:
   if not P:
     return False
   gs = [to_dict(h, names) for h in others]
-  return BoxProblem(solver.search, P, names, box, gs, None).decide(False, True).le
+  # The others may prove it (s <= t - 1 and t <= s - 1: t - s <= -1 and >= 1), as they
+  # prove comparisons: else a comparison under them would prove anything, vacuously.
+  return BoxProblem(solver.search, P, names, box, gs, None, multipliers=True).decide(False, True).le
