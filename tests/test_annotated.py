@@ -74,6 +74,12 @@ def test_rounds_start_without_the_annotation_and_end_as_written(scan):
   # few small values AD places a little differently).
   assert analysis.round_peak(0, dims) == pytest.approx(plain.round_peak(0, dims), rel=0.01)
   assert analysis.round_peak(len(analysis.rounds) - 1, dims) < analysis.round_peak(0, dims)
+  # Without a budget the figures are the step's as written, the static anchor's too: the
+  # same program planned with exact shapes (it was round 0's, the checkpoints undone).
+  written = analysis.round_peak(analysis.as_written_round, dims)
+  assert analysis.peak_bytes(**dims) == written
+  assert analysis.static_peak_bytes(**dims) == pytest.approx(written, rel=0.02)
+  assert analysis.static_peak_bytes(**dims) < 0.9 * analysis.round_peak(0, dims)
 
 
 # Compiles three variants: slow; the rounds test covers the plan fast.

@@ -136,3 +136,17 @@ def test_figures_only_within_the_constraints_the_plan_was_made_for(analysis):
       analysis.peak_bytes(**bad)
     with pytest.raises(TypeError, match="is not an integer"):
       analysis.baseline_peak_bytes(**bad)
+  # Also where the integer dims' figures are cached (4.0 == 4 would find them), and in
+  # the methods symmem.jit calls: the ladder, the scratch, the round it picks.
+  analysis.round_peak(0, {"b": 1, "s": 8})
+  for method in (lambda d: analysis.round_peak(0, d), lambda d: analysis.round_scratch(0, d),
+                 analysis.ladder, lambda d: analysis.best_round(d, 2**30)):
+    with pytest.raises(TypeError, match="is not an integer"):
+      method({"b": 1.0, "s": 8})
+    with pytest.raises(symmem.ShapeError, match=r"s = 4096 is outside \[2, 128\]"):
+      method({"b": 1, "s": 4096})
+    with pytest.raises(ValueError, match="s missing"):
+      method({"b": 1})
+  # A budget as a size string, as analyze() and memory_curves() take it.
+  assert analysis.choose_round({"b": 1, "s": 8}, "1GiB") == analysis.choose_round(
+      {"b": 1, "s": 8}, 2**30)

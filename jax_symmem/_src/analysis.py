@@ -18,6 +18,7 @@ from typing import Callable, Mapping, Sequence
 
 from absl import logging
 
+from jax_symmem._src import budget as budget_lib
 from jax_symmem._src import collector
 from jax_symmem._src import fence
 from jax_symmem._src import memory
@@ -121,7 +122,7 @@ class Analysis:
     Raises BudgetError, naming the smallest achievable peak, when none fits by the
     model (`symmem.jit` instead asks XLA before refusing: `best_round`).
     """
-    dims = integer_dims(dims)
+    dims, budget = integer_dims(dims), budget_lib.bytes_only(budget)
     k, fits = self.best_round(dims, budget, reserved, scale)
     if fits:
       return k
@@ -145,6 +146,8 @@ class Analysis:
     jax.checkpoint regions if any."""
     if budget is None:
       return self.as_written_round, True
+    if type(budget) is not int:   # a size string such as '200MiB'
+      budget = budget_lib.bytes_only(budget)
     order = self.ladder(dims)
     p, fits = first_round(InOrder(RoundPeaks(self, dims, scale, predicted), order),
                           lambda peak: peak + reserved <= budget)
@@ -160,8 +163,10 @@ class Analysis:
     1.13 x its FLOPs by XLA's cost_analysis, in as much memory, ran 1.17 x its time;
     experiments/third_party.py).
     Without jax.checkpoint regions: the rounds in index order."""
+    dims = integer_dims(dims)
     key = tuple(sorted(dims.items()))
     if key not in self._ladders:
+      self.check_dims(dims)
       rounds, written = self.rounds, self.as_written_round
       order = list(range(len(rounds)))
       if written:
@@ -197,6 +202,7 @@ class Analysis:
 
   def round_peak(self, k: int, dims: Mapping[str, int]) -> int:
     """Modeled peak of round k at dims; round 0 takes the best candidate order there."""
+    dims = integer_dims(dims)   # before the cache: 4.0 would find 4's entry
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_peaks:   # the run-time decision asks for these often
       self.check_round(k)
@@ -210,6 +216,7 @@ class Analysis:
     (`xla_buffers.footprint_at`: values XLA's fusion computes inside their readers left
     out, each output in an allocation of its own held to the end; a planned round's
     large random draws pinned and their masks stored, as `variants` compiles them)."""
+    dims = integer_dims(dims)
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_footprints:
       self.check_round(k)
@@ -238,9 +245,11 @@ class Analysis:
   def round_scratch(self, k: int, dims: Mapping[str, int]) -> int:
     """Bytes round k holds at dims outside XLA's buffers (`xla_buffers.convolution_scratch`):
     `symmem.jit` adds them to XLA's figure and to `round_footprint` (`dispatch_figure`)."""
+    dims = integer_dims(dims)
     key = (k, tuple(sorted(dims.items())))
     if key not in self._round_scratch:   # a walk over every node: asked per round and shape
       self.check_round(k)
+      self.check_dims(dims)
       self._round_scratch[key] = xla_buffers.convolution_scratch(
           self.graph.constraints.complete(dict(dims)), self.rounds[k].program)
     return self._round_scratch[key]
@@ -366,9 +375,14 @@ class Analysis:
     return memory.peak_at(self.graph, dims)
 
   def static_peak_bytes(self, **dims: int) -> int:
-    """The same pipeline planned with exact shapes (the paper's static anchor)."""
+    """The same pipeline planned with exact shapes (the paper's static anchor). Without a
+    budget, that of the step as written, as `peak_bytes` (an annotated step's
+    jax.checkpoint regions kept)."""
     dims = integer_dims(dims)
     self.check_dims(dims)
+    if self.memory_budget is None and self.as_written_round:
+      graph = self.rounds[self.as_written_round].graph
+      return memory.peak_at(graph, dims, order=schedule_lib.schedule(graph, dims=dims).order)
     sched, rounds, _ = _plan(self.graph, dims)
     peaks = [memory.peak_at(self.graph, dims, order=sched.order)] + [
         r.peak_at(dims) for r in rounds[1:]]
