@@ -47,7 +47,10 @@ from jax_symmem._src.tracing import trace
 
 
 def shape_graph(traced: TracedProgram) -> ShapeGraph:
-  """The symbolic shape graph of a traced program."""
+  """The symbolic shape graph of a traced program (`symmem.trace`'s result)."""
+  if not isinstance(traced, TracedProgram):   # e.g. traced.specialize(...)'s Program
+    raise TypeError(f"shape_graph takes a TracedProgram (symmem.trace(...)), got "
+                    f"{type(traced).__name__}")
   return ShapeGraph(traced)
 
 

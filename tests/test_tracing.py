@@ -541,6 +541,25 @@ def test_jaxs_own_code_compile_time_evaluation_and_remainders_say_what_to_do():
                constraints=("b <= 8", "b == 2*k"))
 
 
+def test_constraints_read_as_symmem_jit_reads_them_and_clear_errors_for_mistakes():
+  x = jax.ShapeDtypeStruct((4, 8), jnp.float32)
+  f = lambda x: jnp.sum(x * x)
+  # Strict inequalities, which jax.export does not parse ('b < 64' is 'b <= 63').
+  traced = symmem.trace(f, x, polymorphic_shapes="b, _", constraints=("b < 64", "b > 1"))
+  assert traced.bind_dims(jnp.ones((63, 8))) == {"b": 63}
+  with pytest.raises(symmem.ShapeError, match=r"b = 64 is outside \[2, 63\]"):
+    traced.bind_dims(jnp.ones((64, 8)))
+  with pytest.raises(symmem.ShapeError, match=r"expected 1 array leaves .* got 2 in"):
+    traced.bind_dims(jnp.ones((4, 8)), jnp.ones(3))
+  with pytest.raises(TypeError, match="shape_graph takes a TracedProgram"):
+    symmem.shape_graph(traced.specialize(b=4))
+  # One string, read letter by letter before; two multiples of one dim.
+  with pytest.raises(symmem.ConstraintError, match=r"write constraints=\('b <= 64',\)"):
+    symmem.trace(f, x, polymorphic_shapes="b, _", constraints="b <= 64")
+  with pytest.raises(symmem.ConstraintError, match=r"least common multiple once, 'b == 12\*k'"):
+    symmem.trace(f, x, polymorphic_shapes="b, _", constraints=("b == 4*k", "b == 6*j"))
+
+
 def test_symbolic_dims_canonicalize_as_jax_does_and_leave_no_cycles():
   # tracing._canonicalize_dimension stands in for JAX's private one while symmem traces
   # (if JAX renames or drops it, this fails here): the same answers, fewer cycles.

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import re
 from typing import Iterable, Mapping, Sequence, Union
 
@@ -179,6 +180,19 @@ def _substitute_deep(p: Poly, mapping: Mapping[Var, Poly]) -> Poly:
       ops = [_substitute_deep(o, mapping) for o in a.operands]
       atom_map[a] = _operation(a.op, ops[0], ops[1])
   return p.substitute(atom_map) if atom_map else p
+
+
+def for_jax_export(source: Sequence[str]) -> tuple[str, ...]:
+  """The constraints as jax.export parses them: it takes '==', '>=' and '<=' only, so
+  a strict one over integers becomes 'lhs <= rhs - 1' ('b < 64' is 'b <= 63')."""
+  out = []
+  for c in source:
+    parts = _RELATION.split(c)
+    if len(parts) == 3 and parts[1] in ("<", ">"):
+      lhs, rel, rhs = parts
+      c = f"{lhs.strip()} {rel}= {rhs.strip()} {'-' if rel == '<' else '+'} 1"
+    out.append(c)
+  return tuple(out)
 
 
 def _split(c: str) -> tuple[Poly, str, Poly]:
@@ -392,12 +406,13 @@ def normalize(source: tuple[str, ...]) -> Constraints:
     return _substitute_deep(p, {Var(v): q for v, q in subs.items()}) if subs else p
   ineqs: list[tuple[str, Poly]] = []
   for c, lhs, rel, rhs in relations:
+    multiple = None   # (v, n) of 'v == n*w'
     if lhs is None and rel == "==":
       v, n, w = rhs
       if not subs:   # v == n*w, the first equality: what _solve_for_var gives for v - n*w
         subs[v] = Poly(((((Var(w), 1),), int(n)),))
         continue
-      lhs, rhs = Poly.var(v), int(n) * Poly.var(w)
+      lhs, rhs, multiple = Poly.var(v), int(n) * Poly.var(w), (v, int(n))
     if lhs is None:
       name, n = rhs
       sign = 1 if rel[0] == ">" else -1
@@ -411,6 +426,13 @@ def normalize(source: tuple[str, ...]) -> Constraints:
         continue
       prefer = [lhs.variables().__iter__().__next__()] if len(lhs.terms) == 1 and lhs.degree() == 1 and lhs.variables() else []
       solved = _solve_for_var(diff, prefer)
+      earlier = subs.get(multiple[0]) if multiple else None
+      if solved is None and earlier is not None and len(earlier.terms) == 1:
+        (((u, _),), m), = earlier.terms   # v == m*u declared before: one multiple of both
+        v, n = multiple
+        raise ConstraintError(
+            f"{v} is declared a multiple twice ('{v} == {m}*{u.name}' and {c!r}): declare "
+            f"their least common multiple once, '{v} == {math.lcm(m, n)}*{u.name}'")
       if solved is None:
         raise ConstraintError(
             f"cannot use equality {c!r}: write it as 'var == expression' with the variable "

@@ -82,7 +82,9 @@ class TracedProgram:
     spec_leaves = jax.tree_util.tree_leaves(self.in_specs)
     paths_args = jax.tree_util.tree_flatten_with_path(tuple(args))[0]
     if len(paths_args) != len(spec_leaves):
-      raise ShapeError(f"expected {len(spec_leaves)} array arguments, got {len(paths_args)}")
+      got = jax.tree_util.tree_structure(tuple(args))
+      raise ShapeError(f"expected {len(spec_leaves)} array leaves in the traced structure "
+                       f"{str(self.in_tree):.300}, got {len(paths_args)} in {str(got):.300}")
     equations = []   # (Poly, concrete size, argument path)
     for (path, arg), spec in zip(paths_args, spec_leaves):
       shape = tuple(getattr(arg, "shape", ()))
@@ -1170,7 +1172,7 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   polymorphic_shapes = _without_absent_keys(polymorphic_shapes, tuple(args))
   try:
     specs = export.symbolic_args_specs(tuple(args), polymorphic_shapes,
-                                       constraints=tuple(constraints))
+                                       constraints=constraints_lib.for_jax_export(constraints))
   except ValueError as e:
     _check_spec_ranks(tuple(args), polymorphic_shapes)   # '_' on a missing axis: name it
     if constraints:   # jax.export parses both: say which one it could not use
@@ -1208,6 +1210,8 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
   Returns:
     A `TracedProgram` whose avals carry JAX symbolic dimensions.
   """
+  # As symmem.jit reads them: a lone string is an error that says how to write it.
+  constraints = constraints_lib.parse_constraints(constraints).source
   specs = symbolic_specs(args, polymorphic_shapes, constraints)
   dims = jax_dims.dims_of(specs)
   cons = constraints_lib.parse_constraints(tuple(constraints), variables=dims)
