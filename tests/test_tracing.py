@@ -558,6 +558,11 @@ def test_constraints_read_as_symmem_jit_reads_them_and_clear_errors_for_mistakes
     symmem.trace(f, x, polymorphic_shapes="b, _", constraints="b <= 64")
   with pytest.raises(symmem.ConstraintError, match=r"least common multiple once, 'b == 12\*k'"):
     symmem.trace(f, x, polymorphic_shapes="b, _", constraints=("b == 4*k", "b == 6*j"))
+  # One spec string for several arguments applies to each (as in jax.export): the weights
+  # got b too, and the error came from the step's dot with only JAX's generic advice.
+  with pytest.raises(symmem.TracingError, match=r"is one spec, which applies to every argument"):
+    symmem.trace(lambda w, x: jnp.sum(x @ w), jax.ShapeDtypeStruct((8, 8), jnp.float32), x,
+                 polymorphic_shapes="b, _")
 
 
 def test_symbolic_dims_canonicalize_as_jax_does_and_leave_no_cycles():

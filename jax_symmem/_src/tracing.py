@@ -1227,10 +1227,14 @@ def trace(fun: Callable, *args, polymorphic_shapes, constraints=(),
           NotImplementedError) as e:
     where = trace_advice.user_frame(e.__traceback__)
     first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+    what = trace_advice.advice(e, args, specs, constraints)
+    if isinstance(polymorphic_shapes, str) and len(args) > 1:   # likely the cause
+      what = (f"polymorphic_shapes={polymorphic_shapes!r} is one spec, which applies to every "
+              f"argument (as in jax.export): give one per argument, None where no axis "
+              f"changes, e.g. (None, {polymorphic_shapes!r}); else: {what}")
     raise TracingError(
         f"cannot trace {name} with symbolic dimensions {sorted(dims)}"
-        + (f" at {where}" if where else "")
-        + f": {first}\nWhat to do: {trace_advice.advice(e, args, specs, constraints)}") from e
+        + (f" at {where}" if where else "") + f": {first}\nWhat to do: {what}") from e
   in_tree = jax.tree_util.tree_structure(tuple(args))
   out_tree = jax.tree_util.tree_structure(out_shape)
   return TracedProgram(fun=fun, fun_name=name, program=ir.without_dead_code(flatten(closed)),
