@@ -78,8 +78,9 @@ def compare(lhs, rhs, *, constraints: constraints_lib.ConstraintsLike = ()) -> O
   # No allowed dims at all would make any answer vacuously true: refused where known.
   feasible = _feasible_or_raise(cons) if cons.inequalities else True
   o = compare_polys(lp, rp, cons)
-  if feasible is None and o.method == "multipliers":   # a proof from the inequalities
-    return Ordering.of(UNKNOWN, lp, rp, None, None, None, (), "unproven")   # vacuous?
+  if feasible is None and o.method == "multipliers":
+    # Proved from inequalities that may allow no point at all: perhaps only vacuously.
+    return Ordering.of(UNKNOWN, lp, rp, None, None, None, (), "unproven")
   return o
 
 

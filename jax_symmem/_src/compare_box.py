@@ -79,8 +79,9 @@ class BoxProblem:
 
   `ineqs` (each g >= 0, over the same variables) shrink the feasible set: boxes
   where some g < 0 throughout are dropped, and points violating one do not count
-  as evidence; with `multipliers` they also prove (`_by_multipliers`). `on_point(env, sign)` is told every feasible point
-  found with a nonzero sign, so the caller can verify it as a witness.
+  as evidence; with `multipliers` they also prove (`_by_multipliers`).
+  `on_point(env, sign)` is told every feasible point found with a nonzero sign, so
+  the caller can verify it as a witness.
   """
 
   def __init__(self, search: Search, P, names, box, ineqs, on_point: OnPoint | None,

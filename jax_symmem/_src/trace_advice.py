@@ -102,7 +102,7 @@ def advice(e: BaseException, args=(), specs=(), constraints: Sequence[str] = ())
   remainder_of = _remainder_dims(msg) if "is inconclusive" in msg else []
   if remainder_of:   # a batch of b in chunks of n (lax.map's batch_size): b's remainder
     dim, n = remainder_of[0]
-    fresh = next(k for k in ("k", "m", "j", "k1") if k not in jax_dims.dims_of(specs))
+    fresh = next(_fresh_dims(set(jax_dims.dims_of(specs))))
     return (f"the step's shapes depend on the remainder of {dim} by {n} (a leftover chunk: "
             f"lax.map(..., batch_size={n}), or {dim} split into chunks of {n}), which JAX "
             f"cannot decide: declare {dim} a multiple of {n}, constraints=('{dim} == "
@@ -174,20 +174,25 @@ def _remainder_dims(msg: str) -> list[tuple[str, int]]:
     if len(mono) != 1 or mono[0][1] != 1 or not isinstance(mono[0][0], poly_lib.OpAtom):
       continue
     atom = mono[0][0]
-    if atom.op not in (poly_lib.FLOORDIV, poly_lib.MOD) or not all(
-        len(x.variables()) <= 1 for x in atom.operands):
+    if atom.op not in (poly_lib.FLOORDIV, poly_lib.MOD):
       continue
     v, n = atom.operands
-    if not (_is_var(v) and n.is_constant() and n.constant > 1):
+    if len(v.variables()) != 1 or not n.is_constant() or n.constant < 2:
       continue
     (name,) = v.variables()
-    if atom.op == poly_lib.MOD or terms.get(((Var(name), 1),), 0) * -n.constant == c:
+    if v == Poly.var(name) and (atom.op == poly_lib.MOD
+                                or terms.get(((Var(name), 1),), 0) * -n.constant == c):
       found.add((name, n.constant))
   return sorted(found)
 
 
-def _is_var(p: Poly) -> bool:
-  return len(p.variables()) == 1 and p.degree() == 1 and p == Poly.var(next(iter(p.variables())))
+def _fresh_dims(taken: set[str]):
+  """New dim names for advice (k, m, j, k1, m1, ...), none of `taken`; adds each to it."""
+  for i in itertools.count():
+    for stem in ("k", "m", "j"):
+      if (name := f"{stem}{i or ''}") not in taken:
+        taken.add(name)
+        yield name
 
 
 def _jax_frame(tb) -> str | None:
@@ -294,6 +299,7 @@ def _stride_multiples(msg: str, dims: set[str], constraints: Sequence[str]
       declared[m.group(3)] = (m.group(1), int(m.group(2)), c)
   taken = set(dims) | {v for v, _, _ in declared.values()} | set(declared)
   out, replaced = [], []
+  fresh_dims = _fresh_dims(taken)
   polys = _floordiv_calls(msg)
   for name, n in sorted(_least_multiples(polys, _divisor_products(polys)).items()):
     if name not in dims:
@@ -303,10 +309,7 @@ def _stride_multiples(msg: str, dims: set[str], constraints: Sequence[str]
       out.append(f"{outer} == {c * n}*{name}")
       replaced.append(source)
       continue
-    fresh = next(f"{stem}{i or ''}" for i in itertools.count() for stem in ("k", "m", "j")
-                 if f"{stem}{i or ''}" not in taken)
-    taken.add(fresh)
-    out.append(f"{name} == {n}*{fresh}")
+    out.append(f"{name} == {n}*{next(fresh_dims)}")
   return out, replaced
 
 
