@@ -14,6 +14,7 @@ import json
 import pickle
 import random
 import re
+from unittest import mock
 
 import hypothesis
 import pytest
@@ -323,6 +324,10 @@ def test_general_inequalities():
     assert symbolic.is_feasible(cycle) is False
     with pytest.raises(symmem.InfeasibleConstraintsError, match="together with the other"):
       compare("s", 10**6, constraints=cycle)
+  # Where feasibility stays undecided, a proof from the inequalities may be vacuous: none.
+  assert compare("b", "s", constraints=["b >= s"]).kind == "GE"
+  with mock.patch.object(compare_lib, "feasibility", lambda cons: (None, None)):
+    assert compare("b", "s", constraints=["b >= s"]).kind == "UNKNOWN"
   together = ["b*s >= 100", "b*s <= 50", "b <= 64", "s <= 64"]   # each alone can hold
   assert symbolic.is_feasible(together) is False
   with pytest.raises(ConstraintError, match="together with the other"):
