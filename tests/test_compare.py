@@ -334,6 +334,9 @@ def test_general_inequalities():
     symbolic.check_feasible(together)
   # Bounds or equalities that contradict each other: False too (their normalization
   # refuses them with InfeasibleConstraintsError), while unparsable ones still raise.
+  with pytest.raises(symmem.InfeasibleConstraintsError,
+                     match=r"'s == 3\*t' contradicts the others: with them it says t == 0"):
+    compare("s", 1, constraints=["s == 2*t", "s == 3*t"])
   for contradictory in (["b >= 4", "b <= 2"], ["s <= 0"], ["s == 4", "s == 5"]):
     assert symbolic.is_feasible(contradictory) is False
     with pytest.raises(symmem.InfeasibleConstraintsError):

@@ -438,6 +438,10 @@ def normalize(source: tuple[str, ...]) -> Constraints:
             f"cannot use equality {c!r}: write it as 'var == expression' with the variable "
             "appearing once on the left, e.g. 's == 128*k'")
       v, q = solved
+      if q.is_constant() and q.constant < 1:   # s == 2*t and s == 3*t: t == 0
+        raise InfeasibleConstraintsError(
+            f"constraint {c!r} contradicts the others: with them it says {v} == {q.constant}, "
+            "and every dimension is >= 1")
       subs = {w: _substitute_deep(p, {Var(v): q}) for w, p in subs.items()}
       subs[v] = q
     else:
