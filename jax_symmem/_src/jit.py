@@ -364,7 +364,7 @@ class SymmemFunction:
     try:
       dims = traced.bind_dims(*dyn_args)
     except ShapeError:
-      if validation.empty_axes(traced, dyn_args):
+      if validation.is_empty_batch(traced, dyn_args):
         return self._call_empty(entry, args, kwargs, flat)
       validation.explain_shape_error(self._caller(), traced, dyn_args)
       raise

@@ -1156,8 +1156,6 @@ def symbolic_specs(args: Sequence[Any], polymorphic_shapes: Any, constraints=())
   """`jax.export.symbolic_args_specs` with rank checks and clear errors. Weak types are
   kept, as `jax.jit` keeps them: a weakly typed scalar times a bfloat16 array stays
   bfloat16."""
-  if isinstance(constraints, str):
-    constraints = (constraints,)
   args, _, _ = scalars_as_arrays(tuple(args))
   for path, leaf in jax.tree_util.tree_flatten_with_path(args)[0]:
     if not hasattr(leaf, "shape") or not hasattr(leaf, "dtype"):

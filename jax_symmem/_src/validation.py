@@ -61,7 +61,7 @@ def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
               "polymorphic_shapes, e.g. 'b, s'")
         continue
       p = jax_dims.to_poly(d)
-      if n == 0 or len(p.variables()) != 1 or p.degree() != 1:   # empty: `empty_axes`
+      if n == 0 or len(p.variables()) != 1 or p.degree() != 1:   # empty: `is_empty_batch`
         continue
       (v,) = p.variables()
       coeff = p.as_dict().get(((Var(v), 1),))
@@ -72,20 +72,18 @@ def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
                          f"{', '.join(declared) or 'none'}), and {n} is not")
 
 
-def empty_axes(traced, dyn_args) -> list[str]:
-  """`args[...] axis n` for each axis of a symbolic dim that has size 0 (an empty batch),
-  where every argument has its spec's rank and static sizes; [] otherwise."""
+def is_empty_batch(traced, dyn_args) -> bool:
+  """Whether some axis of a symbolic dim has size 0 (an empty batch) where every argument
+  has its spec's rank and static sizes."""
   paths = jax.tree_util.tree_flatten_with_path(tuple(dyn_args))[0]
   specs = jax.tree_util.tree_leaves(traced.in_specs)
   if len(paths) != len(specs):
-    return []
-  found = []
-  for (path, x), spec in zip(paths, specs):
+    return False
+  empty = False
+  for (_, x), spec in zip(paths, specs):
     shape = tuple(getattr(x, "shape", ()))
     if len(shape) != len(spec.shape) or any(
         isinstance(d, int) and d != n for d, n in zip(spec.shape, shape)):
-      return []
-    found += [f"args{jax.tree_util.keystr(path)} axis {axis}"
-              for axis, (d, n) in enumerate(zip(spec.shape, shape))
-              if n == 0 and not isinstance(d, int)]
-  return found
+      return False
+    empty = empty or any(n == 0 and not isinstance(d, int) for d, n in zip(spec.shape, shape))
+  return empty
