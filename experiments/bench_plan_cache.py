@@ -15,7 +15,7 @@ budget-less analysis above, so the cold process plans it from scratch and later
 processes load it; plus XLA's compiles, from JAX's persistent compilation cache
 once stored). With --restart it also times a restarted job against `jax.jit`'s: fresh
 processes that each build the state and time their step's first call (b=2, s=128) from
-nothing, `jax.jit` and `symmem.jit` (under the budget) in turn, both with JAX's
+nothing, `jax.jit` and `symmem.jit` (under the budget; --budget_mib 0: none) in turn, both with JAX's
 persistent compilation cache and the plan cache already filled by an untimed process of
 each; the difference is what jax_symmem adds to a restart: its symbolic trace (jax.jit
 and symmem.jit both trace the step as written at the batch's shape), the plan read back,
@@ -87,7 +87,7 @@ if sys.argv[4] != "-":   # a restarted job: symmem.jit with both caches, its fir
   import jax_symmem as symmem
   step = symmem.jit(fn, polymorphic_shapes=(None, "b, s", "b, s"),
                     constraints=llama.step_constraints(cfg.max_len, 16),
-                    memory_budget=int(sys.argv[5]))
+                    memory_budget=int(sys.argv[5]) or None)
   real_state = llama.init_state(cfg, scan_layers=scan)
   batch = llama.example_batch(cfg, 2, 128)
   start = time.perf_counter()
@@ -122,7 +122,8 @@ if which == "jax.jit":
 else:
   import jax_symmem as symmem
   step = symmem.jit(fn, polymorphic_shapes=(None, "b, s", "b, s"),
-                    constraints=llama.step_constraints(cfg.max_len, 16), memory_budget=budget)
+                    constraints=llama.step_constraints(cfg.max_len, 16),
+                    memory_budget=budget or None)
 jax.block_until_ready(step(state, *batch))
 print(json.dumps({"first_call": time.perf_counter() - start}))
 """
@@ -159,7 +160,8 @@ def main() -> None:
                       help="also time restarted jobs' first calls, jax.jit vs symmem.jit, both "
                            "caches filled (--warm pairs)")
   parser.add_argument("--budget_mib", type=int, default=256,
-                      help="symmem.jit's budget for --first_call and --restart")
+                      help="symmem.jit's budget for --first_call and --restart (0: none; each "
+                           "shape then runs as written and symmem.jit plans nothing)")
   parser.add_argument("--out", default=None,
                       help="default experiments/results/bench_plan_cache[_scan]_<preset>.json")
   args = parser.parse_args()
@@ -212,9 +214,9 @@ def main() -> None:
             # Rebuilding every round afterwards (a replay does it per round on demand).
             "every_round_s": {"cold": cold["rounds_s"], "warm": [w["rounds_s"] for w in warm]},
             "first_call_s": {"cold": cold["first_call"], "warm": [w["first_call"] for w in warm],
-                             "budget_bytes": budget} if args.first_call else None,
+                             "budget_bytes": budget or None} if args.first_call else None,
             # Fresh processes' first calls, jax.jit and symmem.jit, both caches filled.
-            "restart_first_call_s": restart and {**restart, "budget_bytes": budget},
+            "restart_first_call_s": restart and {**restart, "budget_bytes": budget or None},
             "rounds": cold["rounds"] - 1,
             "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
             "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),

@@ -500,13 +500,22 @@ def test_a_planner_defect_falls_back_to_jax_jit_and_analyze_names_it(caplog, mon
   f = lambda x: jnp.sin(x) * 2.0
   with pytest.raises(symmem.PlanningError, match="a planner defect"):
     symmem.analyze(f, jnp.ones(4), polymorphic_shapes=("n",))
-  g = symmem.jit(f, polymorphic_shapes=("n",))
+  g = symmem.jit(f, polymorphic_shapes=("n",), memory_budget="1GiB")
   with caplog.at_level(py_logging.WARNING):
     for n in (2, 5):
       np.testing.assert_allclose(g(jnp.ones(n)), jax.jit(f)(jnp.ones(n)))
   warnings = [r for r in caplog.records if "falls back to jax.jit" in r.getMessage()]
   assert len(warnings) == 1 and "a planner defect" in warnings[0].getMessage()
   assert g.cache_info()["fallback_calls"] == 2
+  # Without a budget each shape runs as written and nothing is planned: the defect is
+  # met only where the plan is read.
+  caplog.clear()
+  free = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING):
+    np.testing.assert_array_equal(free(jnp.ones(3)), jax.jit(f)(jnp.ones(3)))
+  assert not caplog.records and free.cache_info()["fallback_calls"] == 0
+  with pytest.raises(symmem.PlanningError, match="a planner defect"):
+    free.analyze(jnp.ones(3)).rounds
 
 
 def test_static_argnums_and_decorator_form():

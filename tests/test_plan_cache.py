@@ -461,6 +461,41 @@ def test_symmem_jit_stores_and_reuses_plans(tmp_path):
   assert float(loss1) == float(loss2)
 
 
+def test_without_a_budget_the_plan_is_made_and_stored_when_first_read(tmp_path, caplog):
+  # symmem.jit without a budget runs each shape as written, which reads no round: its
+  # first call plans nothing. Reading the plan makes it (timed, logged, stored), the
+  # same plan as one made at once; a checkpointed step is planned at once (its round as
+  # written is numbered after the planner's).
+  ws = tuple(jnp.eye(16, dtype=jnp.float32) * 0.5 for _ in range(3))
+  x = jnp.ones((2, 8, 16), jnp.float32)
+  make = lambda fn: jax_symmem.jit(fn, polymorphic_shapes=(None, "b, s, _"),
+                                   constraints=("b <= 8", "s <= 512"),
+                                   plan_cache_dir=str(tmp_path))
+  step = make(_mlp_step(16))
+  out = step(ws, x)
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(
+      lambda a, b: bool(jnp.array_equal(a, b)), out, jax.jit(_mlp_step(16))(ws, x)))
+  lazy = step.analyze(ws, x)
+  assert not lazy.planning.done and not _files(tmp_path)
+  before = lazy.seconds["plan"]
+  with caplog.at_level(py_logging.INFO):
+    assert len(lazy.rounds) > 1
+  assert lazy.planning.done and len(_files(tmp_path)) == 1 and lazy.seconds["plan"] > before
+  assert any("on first use" in r.getMessage() for r in caplog.records)
+  eager = _analyze_mlp(None)
+  assert eager.planning.done and eager.origin == "planned"
+  _assert_same_plan(eager, lazy, ({"b": 1, "s": 1}, {"b": 8, "s": 512}))
+  assert make(_mlp_step(16)).analyze(ws, x).origin != "planned"   # the stored plan replays
+
+  def loss(ws, x):
+    for w in ws:
+      x = jax.checkpoint(lambda x, w: jnp.tanh(x @ w))(x, w)
+    return jnp.mean(x ** 2)
+  annotated = make(jax.value_and_grad(loss))
+  annotated(ws, x)
+  assert annotated.analyze(ws, x).planning.done and annotated.last_call["round"] > 0
+
+
 # Two traces of a checkpointed Llama: slow; the scanned round trip covers the replay fast.
 @pytest.mark.slow
 def test_a_checkpointed_step_round_trips_with_its_round_as_written(tmp_path):

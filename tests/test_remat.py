@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import jax_symmem as symmem
+from jax_symmem._src import analysis
 from jax_symmem._src import executor
 from jax_symmem._src import ir
 from jax_symmem._src.ir import Const
@@ -228,7 +229,8 @@ def test_a_rounds_footprint_runs_what_frees_memory_as_soon_as_xla_would():
   rounds = list(a.rounds)
   rounds[k] = dataclasses.replace(r, order=tuple(late))
   fresh = {f.name: {} for f in dataclasses.fields(a) if f.name.startswith("_round")}
-  moved = dataclasses.replace(a, rounds=tuple(rounds), **fresh)
+  planning = analysis.Planning(lambda: (a.schedule, tuple(rounds), a.remat_stats), False)
+  moved = dataclasses.replace(a, planning=planning, **fresh)
   hoisted, moves = schedule.hoist(r.graph, late, dims, r.program)
   assert moves and schedule.is_valid_order(r.program, hoisted)
   assert moved.round_footprint(k, dims) == min(footprint(late), footprint(hoisted))

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import threading
 import time
 from typing import Callable, Mapping, Sequence
 
@@ -86,24 +87,60 @@ class RoundPeaks(Sequence[int]):
     return int(self._figure(k, self._dims) * self._scale.get(k, 1.0))
 
 
+class Planning:
+  """An analysis' schedule, rematerialization rounds and planner statistics: made by
+  `make` on first use, once. `symmem.jit` without a budget runs each shape as the user
+  wrote it, which reads none of them, so it defers them (`analyze_function(lazy=True)`):
+  a job that never needs a round never pays for planning one (seconds at 1B parameters).
+  `annotated`: whether the rounds end with the step as written (its jax.checkpoint
+  regions), which `Analysis.as_written_round` needs to know without planning."""
+
+  def __init__(self, make: Callable[[], tuple], annotated: bool):
+    self._make, self.annotated = make, annotated
+    self._value: tuple | None = None
+    self._lock = threading.Lock()
+
+  @property
+  def done(self) -> bool:
+    return self._value is not None
+
+  def get(self) -> tuple[schedule_lib.Schedule, Sequence[remat.Round], Mapping[str, int]]:
+    with self._lock:   # symmem.jit may be called from several threads
+      if self._value is None:
+        self._value = self._make()
+        self._make = None
+      return self._value
+
+
 @dataclasses.dataclass(frozen=True, eq=False)
 class Analysis:
   """Symbolic analysis of a step: its graph, schedule and rematerialization rounds."""
   traced: TracedProgram
   graph: ShapeGraph
-  schedule: schedule_lib.Schedule
-  rounds: Sequence[remat.Round]   # a tuple, or remat.ReplayedRounds (built on demand)
+  planning: Planning
   memory_budget: int | None
-  remat_stats: Mapping[str, int]
   origin: str = "planned"   # or the plan cache file whose decisions were replayed
   # Wall seconds of `analyze_function`: "trace" (JAX tracing the step, which jax.jit
-  # pays as well) and "plan" (all after it: planning, or replaying a cached plan).
+  # pays as well) and "plan" (all after it: planning, or replaying a cached plan; a
+  # lazy `Planning` adds its time when it runs).
   seconds: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)
   _round0_orders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_scratch: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _ladders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+
+  @property
+  def schedule(self) -> schedule_lib.Schedule:
+    return self.planning.get()[0]
+
+  @property
+  def rounds(self) -> Sequence[remat.Round]:   # a tuple, or remat.ReplayedRounds (built on demand)
+    return self.planning.get()[1]
+
+  @property
+  def remat_stats(self) -> Mapping[str, int]:
+    return self.planning.get()[2]
 
   def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
     budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget:,} B"
@@ -196,6 +233,8 @@ class Analysis:
     """The round that is the step exactly as the user wrote it: an annotated step's round
     as written (with its jax.checkpoint regions), else round 0. It follows the planner's
     last round; the rounds before are not read (a stored plan rebuilds them lazily)."""
+    if not self.planning.annotated:
+      return 0
     rounds = self.rounds
     return next((k for k in range(remat.last_planned(rounds) + 1, len(rounds))
                  if rounds[k].as_written), 0)
@@ -250,8 +289,10 @@ class Analysis:
     if key not in self._round_scratch:   # a walk over every node: asked per round and shape
       self.check_round(k)
       self.check_dims(dims)
+      # Round 0 is the traced program: read without planning the rounds (`Planning`).
+      program = self.rounds[k].program if k else self.graph.traced.program
       self._round_scratch[key] = xla_buffers.convolution_scratch(
-          self.graph.constraints.complete(dict(dims)), self.rounds[k].program)
+          self.graph.constraints.complete(dict(dims)), program)
     return self._round_scratch[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
@@ -351,7 +392,9 @@ class Analysis:
   # -- reports --
   def check_round(self, k: int) -> None:
     """Raises unless k names one of the plan's rounds (no negative index from the end)."""
-    if isinstance(k, bool) or not hasattr(k, "__index__") or not 0 <= k < len(self.rounds):
+    valid = not isinstance(k, bool) and hasattr(k, "__index__") and (
+        k == 0 or 0 < k < len(self.rounds))   # round 0 always is: known without planning
+    if not valid:
       raise ValueError(f"round {k!r}: {self.traced.fun_name}'s plan has rounds 0 to "
                        f"{len(self.rounds) - 1}")
 
@@ -451,7 +494,8 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
                    argument_divisors: Sequence[Sequence[int]] | None = None,
                    annotated: TracedProgram | None = None,
                    decisions: plan_cache.Decisions | None = None,
-                   origin: str = "a stored plan") -> Analysis:
+                   origin: str = "a stored plan", *, lazy: bool = False,
+                   then: Callable[[tuple, float], None] | None = None) -> Analysis:
   """Plans `traced` for every shape; `argument_divisors` (per argument leaf, per dim: how
   many shards it is split into) makes every figure per device (sharding.py).
 
@@ -463,37 +507,74 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
   `decisions`: a plan made before for this same program and settings (plan_cache.py):
   its schedule and rounds are replayed instead of planned (`origin` names it in
   errors); each round is rebuilt the first time it is read (`remat.ReplayedRounds`).
+
+  `lazy`: the shape graph now, the schedule and rounds when first read (`Planning`);
+  `then(planned, seconds)` is called once they are made.
   """
   traced = dataclasses.replace(traced, program=shard_map_merge.merge(traced.program))
   graph = _graph(traced, argument_divisors)
+
+  def make() -> tuple:
+    start = time.perf_counter()
+    with progress.planning(traced.fun_name):
+      if decisions is None:
+        try:
+          sched, rounds, stats = _plan(graph, None)
+        except SymmemError:
+          raise
+        except Exception as e:   # the trace succeeded: a failure now is the planner's
+          raise PlanningError(f"planning {traced.fun_name} failed ({type(e).__name__}: {e}); "
+                              "please report it with the step") from e
+      else:
+        sched, rounds, stats = _replay(traced, graph, decisions, origin)
+      if annotated is not None:
+        rounds += (_as_written_round(annotated, argument_divisors, decisions),)
+    planned = (sched, rounds, stats)
+    if then is not None:
+      then(planned, time.perf_counter() - start)
+    return planned
+
+  planning = Planning(make, annotated=annotated is not None)
+  if not lazy:
+    planning.get()
+  return Analysis(traced, graph, planning, memory_budget)
+
+
+def _replay(traced: TracedProgram, graph: ShapeGraph, decisions: plan_cache.Decisions,
+            origin: str) -> tuple:
+  """(schedule, rounds, stats) of a stored plan, checked against the traced program."""
+  sched, stats = decisions.schedule, dict(decisions.remat_stats)
+  edges = schedule_lib.dependency_edges(traced.program)
+  for order in {sched.order, *sched.candidates.values()}:
+    if not schedule_lib.is_valid_order(traced.program, order, edges):
+      raise ValueError("a stored schedule is not an order of the traced program")
+  # Rounds are rebuilt when first read (a restart pays for the rounds its shapes
+  # need); the file's checksum (plan_cache.load) already vouches for the items.
+  return sched, remat.ReplayedRounds(graph, sched.order, decisions.rounds, origin=origin), stats
+
+
+def _as_written_round(annotated: TracedProgram, argument_divisors,
+                      decisions: plan_cache.Decisions | None) -> remat.Round:
+  """The step as the user wrote it (with their jax.checkpoint regions), as a round."""
+  as_written = _graph(annotated, argument_divisors)
   if decisions is None:
-    sched, rounds, stats = _plan(graph, None)
-  else:
-    sched, stats = decisions.schedule, dict(decisions.remat_stats)
-    edges = schedule_lib.dependency_edges(traced.program)
-    for order in {sched.order, *sched.candidates.values()}:
-      if not schedule_lib.is_valid_order(traced.program, order, edges):
-        raise ValueError("a stored schedule is not an order of the traced program")
-    # Rounds are rebuilt when first read (a restart pays for the rounds its shapes
-    # need); the file's checksum (plan_cache.load) already vouches for the items.
-    rounds = remat.ReplayedRounds(graph, sched.order, decisions.rounds, origin=origin)
-  if annotated is not None:
-    as_written = _graph(annotated, argument_divisors)
-    if decisions is None:
-      order = schedule_lib.schedule(as_written).order
-    elif (order := decisions.as_written_order) is None or not schedule_lib.is_valid_order(
-        annotated.program, order):
-      raise ValueError("a stored plan lacks a valid order of the annotated step")
-    rounds += (remat.Round((), (), annotated.program, order, as_written, as_written=True),)
-  return Analysis(traced, graph, sched, rounds, memory_budget, stats)
+    order = schedule_lib.schedule(as_written).order
+  elif (order := decisions.as_written_order) is None or not schedule_lib.is_valid_order(
+      annotated.program, order):
+    raise ValueError("a stored plan lacks a valid order of the annotated step")
+  return remat.Round((), (), annotated.program, order, as_written, as_written=True)
 
 
 def decisions_of(analysis: Analysis) -> plan_cache.Decisions:
   """What `analysis` decided: its schedule and each round's chosen items."""
-  planned = [r for r in analysis.rounds[1:] if not r.as_written]
-  written = [r for r in analysis.rounds if r.as_written]
-  return plan_cache.Decisions(analysis.schedule, tuple(r.regions for r in planned),
-                              dict(analysis.remat_stats),
+  return _decisions(analysis.planning.get())
+
+
+def _decisions(planned: tuple) -> plan_cache.Decisions:
+  sched, rounds, stats = planned
+  planned_rounds = [r for r in rounds[1:] if not r.as_written]
+  written = [r for r in rounds if r.as_written]
+  return plan_cache.Decisions(sched, tuple(r.regions for r in planned_rounds), dict(stats),
                               written[0].order if written else None)
 
 
@@ -518,7 +599,8 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
                      memory_budget: int | None = None,
                      argument_divisors: Sequence[Sequence[int]] | None = None,
                      undo_checkpoints: bool = True,
-                     plan_cache_dir: str | os.PathLike | None = None) -> Analysis:
+                     plan_cache_dir: str | os.PathLike | None = None,
+                     lazy: bool = False) -> Analysis:
   """Traces `fun` with symbolic dims and plans it (`analyze_traced`). A step with
   `jax.checkpoint` / `nn.remat` / `nnx.remat` regions is traced a second time without
   them (`undo_checkpoints`): per shape, the run time may then skip the recomputation
@@ -526,7 +608,11 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
 
   `plan_cache_dir` (default $JAX_SYMMEM_PLAN_CACHE; unset: no cache): where plans are
   kept across processes (plan_cache.py). A plan stored for the same program, settings
-  and versions is replayed onto the fresh trace instead of planned again."""
+  and versions is replayed onto the fresh trace instead of planned again.
+
+  `lazy`: plan when the schedule or rounds are first read (`Planning`; a step without
+  jax.checkpoint regions), not now. `seconds["plan"]` then grows by the planning time
+  when it happens; the plan is stored in the cache then too."""
   from jax_symmem._src import tracing
   start = time.perf_counter()
   name = getattr(fun, "__name__", type(fun).__name__)
@@ -541,43 +627,44 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     if memory_budget is not None:
       _warn_unbounded(name, traced.constraints)
 
-    def timed(result: Analysis) -> Analysis:
-      end = time.perf_counter()
-      return dataclasses.replace(result, seconds={"trace": traced_at - start,
-                                                  "plan": end - traced_at})
-    def plan() -> Analysis:
-      try:
-        return analyze_traced(traced, memory_budget, argument_divisors, annotated)
-      except SymmemError:
-        raise
-      except Exception as e:   # the trace succeeded: a failure now is the planner's
-        raise PlanningError(f"planning {name} failed ({type(e).__name__}: {e}); please "
-                            "report it with the step") from e
-
     cache_dir = plan_cache.directory(plan_cache_dir)
-    if cache_dir is None:
-      result = plan()
-      if (elapsed := time.perf_counter() - start) >= progress.AFTER_S:
-        logging.info("jax_symmem: planned %s in %.1f s", name, elapsed)
-      return timed(result)
-    key = plan_cache.fingerprint(
+    key = None if cache_dir is None else plan_cache.fingerprint(
         [t.closed_jaxpr for t in (traced, annotated) if t is not None],
         traced.constraints.source, memory_budget, argument_divisors,
         {"undo_checkpoints": undo_checkpoints})
-    decisions = plan_cache.load(cache_dir, key)
-    path = plan_cache.path_for(cache_dir, key)
-    if decisions is not None:
+    seconds = {"trace": traced_at - start}
+    if key is not None and (decisions := plan_cache.load(cache_dir, key)) is not None:
+      path = plan_cache.path_for(cache_dir, key)
       try:
         result = analyze_traced(traced, memory_budget, argument_divisors, annotated, decisions,
                                 origin=path)
         logging.info("jax_symmem: plan for %s replayed from %s in %.2f s (%.2f s of it "
                      "tracing)", name, path, time.perf_counter() - start, traced_at - start)
-        return timed(dataclasses.replace(result, origin=path))
+        seconds["plan"] = time.perf_counter() - traced_at
+        return dataclasses.replace(result, origin=path, seconds=seconds)
       except Exception as e:  # a plan that does not fit the trace is never trusted
         logging.warning("jax_symmem: ignoring plan cache file %s (it does not replay: "
                         "%s: %s); planning again", path, type(e).__name__, e)
-    result = plan()
-    saved = plan_cache.save(cache_dir, key, decisions_of(result))
-    logging.info("jax_symmem: planned %s in %.2f s%s", name, time.perf_counter() - start,
-                 f"; plan stored in {saved}" if saved else "")
-    return timed(result)
+    # The round as written is numbered after the planner's rounds: an annotated step
+    # has no round to name without them.
+    lazy = lazy and annotated is None
+
+    def planned(value: tuple, elapsed: float) -> None:
+      if lazy:   # planned on first use, after analyze_function returned
+        seconds["plan"] += elapsed
+      saved = None if key is None else plan_cache.save(cache_dir, key, _decisions(value))
+      if saved or lazy or elapsed >= progress.AFTER_S:
+        logging.info("jax_symmem: planned %s in %.2f s%s%s", name, elapsed,
+                     " on first use" if lazy else "",
+                     f"; plan stored in {saved}" if saved else "")
+
+    try:
+      result = analyze_traced(traced, memory_budget, argument_divisors, annotated,
+                              lazy=lazy, then=planned)
+    except SymmemError:
+      raise
+    except Exception as e:   # the trace succeeded: a failure now is the planner's
+      raise PlanningError(f"planning {name} failed ({type(e).__name__}: {e}); please "
+                          "report it with the step") from e
+    seconds["plan"] = time.perf_counter() - traced_at
+    return dataclasses.replace(result, seconds=seconds)

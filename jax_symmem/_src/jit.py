@@ -630,7 +630,8 @@ class SymmemFunction:
         entry.analysis = analysis_lib.analyze_function(
             bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(nargs),
             constraints=self._constraints, memory_budget=budget,
-            argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir)
+            argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir,
+            lazy=budget is None)   # each shape runs as written: no round read, none planned
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result

@@ -621,6 +621,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   BudgetError when none fits.
   """
   calibration = calibrations[policy.other_scheduler]
+  if policy.budget is None:   # round k fits: nothing to search, and no other round to read
+    only = compile_round(analysis, dims, k, policy, lower, calibration)
+    return only, [only]
   if k == 0 and ratios is not None:
     fast = compile_with_fusions(analysis, dims, policy, lower, ratios)
     if fast is not None:
