@@ -261,6 +261,9 @@ def _check_jit_options(jit_kwargs) -> None:
 def _least_recomputing_fit(entry: _Entry, analysis, dims, dims_key, room: int):
   """The variant compiled at dims that comes first on the ladder (recomputes least) among
   those whose XLA figure fits in `room` (the budget less the other live bytes), or None."""
+  first = entry.variants.get((dims_key, 0))
+  if first is not None and first.xla_bytes <= room:   # round 0 leads every ladder: no plan read
+    return first
   for k in analysis.ladder(dims):
     variant = entry.variants.get((dims_key, k))
     if variant is not None and variant.xla_bytes <= room:
@@ -377,7 +380,10 @@ class SymmemFunction:
         self._counts["budget_errors"] += 1
         raise BudgetError(entry.refused[key])
       k = entry.decisions.get(key)
-      if k is None:
+      unplanned = k is None and self._as_written_first(analysis, budget)
+      if unplanned:
+        k = 0   # the step as written, the first round of every ladder
+      elif k is None:
         k, _ = analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
                                    predicted=True)
       variant = entry.variants.get((dims_key, k))
@@ -397,7 +403,8 @@ class SymmemFunction:
           variant = fitting
       if variant is None:
         try:
-          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions)
+          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions,
+                                  unplanned and not analysis.planning.done)
         except BudgetError as e:
           entry.refused[key] = str(e)
           self._counts["budget_errors"] += 1
@@ -631,7 +638,9 @@ class SymmemFunction:
             bound, *dyn_args, polymorphic_shapes=self._dyn_shapes(nargs),
             constraints=self._constraints, memory_budget=budget,
             argument_divisors=divisors, plan_cache_dir=self._plan_cache_dir,
-            lazy=budget is None)   # each shape runs as written: no round read, none planned
+            # Without a budget each shape runs as written, and under the device's limit
+            # first tries to (`_as_written_first`): no round read, none planned yet.
+            lazy=self._budget_arg is None)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
@@ -653,11 +662,22 @@ class SymmemFunction:
       self._entries[static_key] = entry
       return entry
 
+  def _as_written_first(self, analysis, budget: int | None) -> bool:
+    """Whether a new shape compiles the step as written before reading the plan: under
+    the device's own limit (no `memory_budget` given), while nothing has needed the plan.
+    Only where jax.jit's program does not fit there, which would fail under jax.jit,
+    is the step planned, at the cost of that one compile; a job whose steps fit never
+    plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway."""
+    return (self._budget_arg is None and budget is not None and not analysis.planning.done
+            and not analysis.planning.annotated)
+
   def _compile(self, entry: _Entry, key, dims, k, args, flat, budget, reserved,
-               fusions: bool = True):
+               fusions: bool = True, unplanned: bool = False):
     """Compiles (dims, round k) or the round XLA says fits (variants.compile_fitting;
     round 0 with XLA:CPU's XNNPACK fusions first where `fusions`); `key` is the call's
-    (dims, reserved MiB, budget)."""
+    (dims, reserved MiB, budget). `unplanned` (`_as_written_first`): round 0 alone first,
+    dispatched by XLA's figure without a prediction; where it does not fit, the plan is
+    made and the search goes on from the round it predicts."""
     compiles = 0
     compile_flat = self._lower(args, flat, entry)
     def lower(fn, options):
@@ -666,9 +686,23 @@ class SymmemFunction:
       compiles += 1
       return compile_flat(fn, options)
     policy = self._policy(flat, budget, reserved, entry)
+    known = {}
+    if unplanned:
+      first = variants_lib.compile_round(entry.analysis, dims, k, policy, lower, None)
+      if policy.fits(first.xla_bytes):
+        entry.variants[(key[0], k)] = first
+        return first
+      figure, room = variants_lib.over_budget(first.xla_bytes, budget, reserved)
+      logging.info("jax_symmem: %s at %s: XLA's memory_analysis() reports %s for the step as "
+                   "written, over %s (the device's limit); planning",
+                   entry.analysis.traced.fun_name, dims, figure, room)
+      known[k] = first
+      k, _ = entry.analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
+                                       predicted=True)
     chosen, compiled = variants_lib.compile_fitting(
         entry.analysis, dims, k, policy, lower, entry.calibrations,
-        entry.ratios if fusions else None)
+        entry.ratios if fusions else None, known)
+    compiled += [v for v in known.values() if v not in compiled]
     if variants_lib.other_scheduler(chosen, policy, entry.analysis):
       entry.other_scheduler = not entry.other_scheduler
       logging.info("jax_symmem: %s now compiles its rounds with XLA:CPU's %s scheduler",

@@ -468,12 +468,14 @@ def transferable(calibration: Mapping[int, float], calibrated_at: Mapping[int, i
 
 
 def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
-                  lower: Callable[[Callable, dict], Any], calibration: Calibration) -> Variant:
+                  lower: Callable[[Callable, dict], Any], calibration: Calibration | None
+                  ) -> Variant:
   """Round k at dims, compiled with the policy's options for it (`lower(fn, options)`).
 
   Updates `calibration` (the policy's scheduler's: round -> XLA / predicted, and round ->
   the prediction that ratio was measured against, `Analysis.dispatch_figure`) where XLA's
-  figure is truthful."""
+  figure is truthful; None: no prediction is made (the step as written tried before the
+  plan exists, `symmem.jit` under the device's limit)."""
   env = analysis.graph.constraints.complete(dims)
   options, truthful = policy.options_for(analysis, k)
   fn, options = _runner(analysis, k, dims, env, policy, options)
@@ -482,7 +484,7 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   size = policy.agree(footprint(exe) + analysis.round_scratch(k, dims))   # same branch everywhere
   # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
   # (only when it sees every buffer: not with jax.jit's own options, F2).
-  if truthful and size:
+  if truthful and size and calibration is not None:
     calibration.at[k] = analysis.dispatch_figure(k, dims)
     calibration.ratios[k] = size / max(1, calibration.at[k])
   logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
@@ -604,7 +606,8 @@ def _with_the_other_scheduler(analysis, dims: Mapping[str, int], compiled: list[
 def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePolicy,
                     lower: Callable[[Callable, dict], Any],
                     calibrations: Mapping[bool, Calibration],
-                    ratios: dict[str, float] | None = None
+                    ratios: dict[str, float] | None = None,
+                    known: Mapping[int, Variant] | None = None
                     ) -> tuple[Variant, list[Variant]]:
   """Compiles round k at dims, then the rounds `search_rounds` picks while XLA reports
   the last one over the budget (each by `compile_round`). Where k is round 0 and
@@ -615,6 +618,9 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   rounds are predicted from, and calibrate, the policy's. Where none fits on CPU, the
   smallest compile again with the other scheduler (`_with_the_other_scheduler`),
   calibrating its own.
+
+  `known`: rounds already compiled at dims with the policy's options, read rather than
+  compiled again.
 
   Returns (the variant to dispatch: the fitting one that recomputes least, every
   variant compiled: the fusions variant alone where it is dispatched); raises
@@ -635,7 +641,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   def xla_bytes(k: int) -> int:
     if len(compiled) == LONG_SEARCH and not any(policy.fits(v.xla_bytes) for v in compiled):
       _warn_long_search(analysis, dims, compiled, policy)
-    compiled.append(compile_round(analysis, dims, k, policy, lower, calibration))
+    compiled.append((known or {}).get(k) or
+                    compile_round(analysis, dims, k, policy, lower, calibration))
     held.append(policy.agree(resident_bytes(compiled[-1].executable)))   # the same branch everywhere
     return compiled[-1].xla_bytes
 
