@@ -85,6 +85,7 @@ def test_an_empty_batch_runs_as_jax_jit_runs_it():
     chex.assert_trees_all_close(f(w, *batch), want, rtol=0, atol=0)
   assert f.cache_info()["empty_batches"] == 2
   assert f.last_call["empty_batch"] and f.last_call["round"] == 0
+  assert f.last_call["dims"] == {"b": 2, "s": 0}
   # Under a budget: XLA's figure of the step as jax.jit compiles it, checked once per shape.
   g = symmem.jit(step, polymorphic_shapes=(None, "b, s, _", "b, s"), constraints=("b <= 4", "s <= 64"), memory_budget="64MiB")
   chex.assert_trees_all_close(g(w, *batches[1]), expected[1], rtol=0, atol=0)

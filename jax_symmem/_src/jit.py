@@ -852,7 +852,8 @@ class SymmemFunction:
       if self._counts["empty_batches"] == 1:
         logging.info("jax_symmem: %s: a batch with an empty axis runs as jax.jit compiles the "
                      "step (counted in cache_info()['empty_batches'])", self.__name__)
-      call = {"dims": None, "round": entry.analysis.as_written_round, "empty_batch": True,
+      dims = validation.empty_batch_dims(entry.analysis.traced, flat)
+      call = {"dims": dims, "round": entry.analysis.as_written_round, "empty_batch": True,
               "budget": budget, "reserved": 0, "xla_bytes": None, "xnnpack_fusions": True}
       if budget is not None:
         xla_bytes = entry.empty_footprints.get(shapes)

@@ -72,6 +72,19 @@ def explain_shape_error(caller: Caller, traced, dyn_args) -> None:
                          f"{', '.join(declared) or 'none'}), and {n} is not")
 
 
+def empty_batch_dims(traced, dyn_args) -> dict[str, int]:
+  """The dims an empty batch's arguments show where an axis is one dim alone ('b', not
+  '2*k'), as `bind_dims` would read them were 0 allowed: what `last_call` reports."""
+  dims = {}
+  specs = jax.tree_util.tree_leaves(traced.in_specs)
+  for x, spec in zip(jax.tree_util.tree_leaves(tuple(dyn_args)), specs):
+    for d, n in zip(spec.shape, getattr(x, "shape", ())):
+      if jax_dims.is_symbolic(d) and len(names := jax_dims.to_poly(d).variables()) == 1 and (
+          jax_dims.to_poly(d) == Poly.var(next(iter(names)))):
+        dims.setdefault(next(iter(names)), n)
+  return dict(sorted(dims.items()))
+
+
 def is_empty_batch(traced, dyn_args) -> bool:
   """Whether some axis of a symbolic dim has size 0 (an empty batch) where every argument
   has its spec's rank and static sizes."""
