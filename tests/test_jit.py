@@ -167,6 +167,8 @@ def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_on
     # Round 0 first, once: over the limit the search goes on from the plan without it.
     assert compiled[0] == 0 and compiled.count(0) == 1 and info["compiles"] == len(compiled)
     assert len(compiled) >= 2 if planned else len(compiled) == 1
+    # Over the limit, round 0's figure calibrates the plan's prediction once it exists.
+    assert (0 in step.calibration()[0]) == planned
 
 
 def _mlp_step(ws, x):

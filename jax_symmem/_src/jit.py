@@ -697,6 +697,8 @@ class SymmemFunction:
                    "written, over %s (the device's limit); planning",
                    entry.analysis.traced.fun_name, dims, figure, room)
       known[k] = first
+      if policy.options_for(entry.analysis, k)[1]:   # now that a prediction exists
+        variants_lib.calibrate(entry.analysis, dims, k, first.xla_bytes, entry.calibration)
       k, _ = entry.analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
                                        predicted=True)
     chosen, compiled = variants_lib.compile_fitting(

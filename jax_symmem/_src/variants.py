@@ -482,11 +482,8 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
   exe = lower(fn, options)
   # XLA's figure, and the scratch it does not count (a dilated convolution's on CPU).
   size = policy.agree(footprint(exe) + analysis.round_scratch(k, dims))   # same branch everywhere
-  # Calibrate: XLA fuses and schedules on its own, so its figure is the truth
-  # (only when it sees every buffer: not with jax.jit's own options, F2).
-  if truthful and size and calibration is not None:
-    calibration.at[k] = analysis.dispatch_figure(k, dims)
-    calibration.ratios[k] = size / max(1, calibration.at[k])
+  if truthful and calibration is not None:
+    calibrate(analysis, dims, k, size, calibration)
   logging.info("jax_symmem: compiled %s at %s, round %d: XLA footprint %.1f MiB",
                analysis.traced.fun_name, dims, k, size / 2**20)
   mem = bool(policy.memory_options) and all(
@@ -494,6 +491,16 @@ def compile_round(analysis, dims: Mapping[str, int], k: int, policy: CompilePoli
       if key != SCHEDULER_OPTION)   # the scheduler orders work, never changes numbers
   return Variant(dict(dims), k, exe, size, mem, dict(options),
                  out_tree=getattr(fn, "out_tree", None))
+
+
+def calibrate(analysis, dims: Mapping[str, int], k: int, size: int,
+              calibration: Calibration) -> None:
+  """Records XLA's figure `size` for round k at dims against the prediction. XLA fuses and
+  schedules on its own, so its figure is the truth (where it sees every buffer: not with
+  jax.jit's own options, F2; callers check)."""
+  if size:
+    calibration.at[k] = analysis.dispatch_figure(k, dims)
+    calibration.ratios[k] = size / max(1, calibration.at[k])
 
 
 def compile_with_fusions(analysis, dims: Mapping[str, int], policy: CompilePolicy,
