@@ -19,7 +19,6 @@ Writes experiments/results/device_limit.json (or --out).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import pathlib
 import sys
