@@ -1,7 +1,8 @@
 """`symmem.jit`: a drop-in for `jax.jit` that plans memory once and decides per shape.
 
 At the first call the step is traced once with symbolic dims and analysed
-(schedule, rematerialization rounds). Every call then:
+(schedule, rematerialization rounds; without a `memory_budget` the plan is made only
+where something reads it, `analysis.Planning`, `_as_written_first`). Every call then:
 
 1. binds the dims from the arguments and checks the constraints;
 2. reads the bytes other live arrays hold (device `memory_stats()` where the
