@@ -135,42 +135,6 @@ def test_tight_budget_activates_regions_and_keeps_the_numbers():
   assert step.last_call["dims"] == {"b": 1, "s": 8} and step.last_call["round"] == 0
 
 
-def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_only_if_over(
-    monkeypatch):
-  # No memory_budget on a device with a limit: a new shape compiles the step as written
-  # (round 0) and runs it where XLA's figure fits, without planning; where it does not,
-  # the step is planned then and a round that fits runs.
-  dims, args = {"b": 4, "s": 128}, _args(4, 128)
-  analysis = _budgeted_step(None).analyze(*_args(2, 8))
-  tight = budgets.tight_budget(analysis, dims, args)
-  arg_bytes = _array_bytes(args)
-  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes)   # others' arrays: none
-  real, compiled = variants_lib.compile_round, []
-  def compile_round(analysis, dims, k, *rest):
-    compiled.append(k)
-    return real(analysis, dims, k, *rest)
-  monkeypatch.setattr(variants_lib, "compile_round", compile_round)
-  for limit, planned in ((2**30, False), (tight, True)):
-    compiled.clear()
-    monkeypatch.setattr(jit_lib, "_device_memory", lambda: (0, limit))
-    step = symmem.jit(transformer.make_train_step(CFG), polymorphic_shapes=SHAPES,
-                      constraints=CONSTRAINTS)
-    for _ in range(2):   # the second call hits the variant, still without a plan where none was made
-      out = step(*args)
-      _assert_tree_close(out, _jax_jit_outputs(4, 128))
-      a = step.analyze(*args)
-      assert a.planning.done == planned
-      assert (step.last_call["round"] > 0) == planned
-      assert step.last_call["xla_bytes"] <= limit and step.last_call["budget"] == limit
-    info = step.cache_info()
-    assert info["hits"] == 1 and info["budget_errors"] == 0
-    # Round 0 first, once: over the limit the search goes on from the plan without it.
-    assert compiled[0] == 0 and compiled.count(0) == 1 and info["compiles"] == len(compiled)
-    assert len(compiled) >= 2 if planned else len(compiled) == 1
-    # Over the limit, round 0's figure calibrates the plan's prediction once it exists.
-    assert (0 in step.calibration()[0]) == planned
-
-
 def _mlp_step(ws, x):
   """SGD on a six-layer SiLU MLP: a few rounds, each compiling in a fraction of a second.
   (SiLU's derivative is traced to the same primitives by every jax the pin allows; tanh's
@@ -188,6 +152,41 @@ def _mlp_args(b):
   rng = np.random.RandomState(0)
   ws = [jnp.asarray(rng.randn(32, 32) / np.sqrt(32), jnp.float32) for _ in range(6)]
   return ws, jnp.asarray(rng.randn(b, 32), jnp.float32)
+
+
+def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_only_if_over(
+    monkeypatch):
+  # No memory_budget on a device with a limit: a new shape compiles the step as written
+  # (round 0) and runs it where XLA's figure fits, without planning; where it does not,
+  # the step is planned then and a round that fits runs.
+  args = _mlp_args(512)
+  make = lambda: symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
+  analysis = make().analyze(*args)
+  tight = budgets.tight_budget(analysis, {"b": 512}, args)
+  want = jax.jit(_mlp_step)(*args)
+  arg_bytes = _array_bytes(args)
+  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: arg_bytes)   # others' arrays: none
+  real, compiled = variants_lib.compile_round, []
+  def compile_round(analysis, dims, k, *rest):
+    compiled.append(k)
+    return real(analysis, dims, k, *rest)
+  monkeypatch.setattr(variants_lib, "compile_round", compile_round)
+  for limit, planned in ((2**30, False), (tight, True)):
+    compiled.clear()
+    monkeypatch.setattr(jit_lib, "_device_memory", lambda: (0, limit))
+    step = make()
+    for _ in range(2):   # the second call hits the variant, still without a plan where none was made
+      _assert_tree_close(step(*args), want)
+      assert step.analyze(*args).planning.done == planned
+      assert (step.last_call["round"] > 0) == planned
+      assert step.last_call["xla_bytes"] <= limit and step.last_call["budget"] == limit
+    info = step.cache_info()
+    assert info["hits"] == 1 and info["budget_errors"] == 0
+    # Round 0 first, once: over the limit the search goes on from the plan without it.
+    assert compiled[0] == 0 and compiled.count(0) == 1 and info["compiles"] == len(compiled)
+    assert len(compiled) >= 2 if planned else len(compiled) == 1
+    # Over the limit, round 0's figure calibrates the plan's prediction once it exists.
+    assert (0 in step.calibration()[0]) == planned
 
 
 # name -> (step, polymorphic shapes, constraints, example args, refused args, their dims)
