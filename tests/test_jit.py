@@ -551,6 +551,16 @@ def test_a_planner_defect_falls_back_to_jax_jit_and_analyze_names_it(caplog, mon
   assert not caplog.records and free.cache_info()["fallback_calls"] == 0
   with pytest.raises(symmem.PlanningError, match="a planner defect"):
     free.analyze(jnp.ones(3)).rounds
+  # Under a device's limit it is planned where the step as written does not fit: there
+  # the defect falls back to jax.jit, as above.
+  caplog.clear()
+  monkeypatch.setattr(jit_lib, "_device_memory", lambda: (0, 1))   # a 1-byte device
+  tiny = symmem.jit(f, polymorphic_shapes=("n",))
+  with caplog.at_level(py_logging.WARNING):
+    np.testing.assert_array_equal(tiny(jnp.ones(3)), jax.jit(f)(jnp.ones(3)))
+  (warning,) = [r.getMessage() for r in caplog.records if "falls back" in r.getMessage()]
+  assert "planning at {'n': 3}" in warning and "a planner defect" in warning
+  assert tiny.cache_info()["fallback_calls"] == 1 and tiny.cache_info()["compiles"] == 1
 
 
 def test_static_argnums_and_decorator_form():

@@ -55,7 +55,8 @@ from jax_symmem._src import speed_trial as speed_trial_lib
 from jax_symmem._src import tracing
 from jax_symmem._src import validation
 from jax_symmem._src import variants as variants_lib
-from jax_symmem._src.errors import BudgetError, ShapeError, ShapeSpecError, SymmemError
+from jax_symmem._src.errors import (BudgetError, PlanningError, ShapeError, ShapeSpecError,
+                                    SymmemError)
 # The compile policy's constants, where callers have always found them.
 from jax_symmem._src.variants import (  # noqa: F401
     CPU_COMPILER_OPTIONS, FAST_PATH_CPU_OPTIONS, GPU_COMPILER_OPTIONS,
@@ -376,53 +377,57 @@ class SymmemFunction:
     dims_key = tuple(sorted(dims.items()))
     reserved = 0 if budget is None else self._reserved(entry, flat, dims_key, budget)
     key = (dims_key, reserved >> 20, budget)
-    with self._lock:
-      if key in entry.refused:
-        self._counts["budget_errors"] += 1
-        raise BudgetError(entry.refused[key])
-      k = entry.decisions.get(key)
-      unplanned = k is None and self._as_written_first(analysis, budget)
-      if unplanned:
-        k = 0   # the step as written, the first round of every ladder
-      elif k is None:
-        k, _ = analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
-                                   predicted=True)
-      variant = entry.variants.get((dims_key, k))
-      fusions = True
-      if variant is not None and budget is not None:
-        if variant.xnnpack_fusions and variant.xla_bytes + reserved > budget:
-          # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
-          variant, fusions = None, False
-        else:
-          # A decision holds for a whole MiB of readings: at this one, the compiled
-          # variant that recomputes least among those XLA's figure fits (an earlier
-          # round where other arrays hold less now; never one over the budget).
-          fitting = _least_recomputing_fit(entry, analysis, dims, dims_key, budget - reserved)
-          if fitting is None:   # none compiled fits: compile from the next round on
-            ladder = analysis.ladder(dims)
-            k = ladder[min(ladder.index(variant.round) + 1, len(ladder) - 1)]
-          variant = fitting
-      if variant is None:
-        try:
-          variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions,
-                                  unplanned and not analysis.planning.done)
-        except BudgetError as e:
-          entry.refused[key] = str(e)
+    try:
+      with self._lock:
+        if key in entry.refused:
           self._counts["budget_errors"] += 1
-          raise
-        except SymmemError:
-          raise
-        except Exception as e:  # e.g. a primitive whose params we cannot specialize: jax.jit
-          self._fall_back(entry, f"compiling at {dims}: {type(e).__name__}: {e}")
-      else:
-        self._counts["hits"] += 1
-        if key in entry.searches:
-          variant = self._refine(entry, key, dims, variant, args, flat, budget, reserved)
-        elif self._trial_due(entry, key):
-          return self._trial_call(entry, key, dims, variant, args, flat, budget, reserved)
-      if variant is not None:
-        entry.decisions[key] = variant.round
-      pending = self._pending(entry, key)
+          raise BudgetError(entry.refused[key])
+        k = entry.decisions.get(key)
+        unplanned = k is None and self._as_written_first(analysis, budget)
+        if unplanned:
+          k = 0   # the step as written, the first round of every ladder
+        elif k is None:
+          k, _ = analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
+                                     predicted=True)
+        variant = entry.variants.get((dims_key, k))
+        fusions = True
+        if variant is not None and budget is not None:
+          if variant.xnnpack_fusions and variant.xla_bytes + reserved > budget:
+            # Compiled with XNNPACK's fusions under more room (fewer other live bytes).
+            variant, fusions = None, False
+          else:
+            # A decision holds for a whole MiB of readings: at this one, the compiled
+            # variant that recomputes least among those XLA's figure fits (an earlier
+            # round where other arrays hold less now; never one over the budget).
+            fitting = _least_recomputing_fit(entry, analysis, dims, dims_key, budget - reserved)
+            if fitting is None:   # none compiled fits: compile from the next round on
+              ladder = analysis.ladder(dims)
+              k = ladder[min(ladder.index(variant.round) + 1, len(ladder) - 1)]
+            variant = fitting
+        if variant is None:
+          try:
+            variant = self._compile(entry, key, dims, k, args, flat, budget, reserved, fusions,
+                                    unplanned and not analysis.planning.done)
+          except BudgetError as e:
+            entry.refused[key] = str(e)
+            self._counts["budget_errors"] += 1
+            raise
+          except SymmemError:
+            raise
+          except Exception as e:  # e.g. a primitive whose params we cannot specialize: jax.jit
+            self._fall_back(entry, f"compiling at {dims}: {type(e).__name__}: {e}")
+        else:
+          self._counts["hits"] += 1
+          if key in entry.searches:
+            variant = self._refine(entry, key, dims, variant, args, flat, budget, reserved)
+          elif self._trial_due(entry, key):
+            return self._trial_call(entry, key, dims, variant, args, flat, budget, reserved)
+        if variant is not None:
+          entry.decisions[key] = variant.round
+        pending = self._pending(entry, key)
+    except PlanningError as e:   # the plan, made now where first read, failed: jax.jit
+      self._fall_back(entry, f"planning at {dims}: {e}")
+      return self._call_fallback(entry, args, kwargs)
     if variant is None:
       return self._call_fallback(entry, args, kwargs)
     out = self._run(entry, dims, variant, flat, budget, reserved)
