@@ -19,10 +19,11 @@ nothing, `jax.jit` and `symmem.jit` (under the budget; --budget_mib 0: none) in 
 persistent compilation cache and the plan cache already filled by an untimed process of
 each; the difference is what jax_symmem adds to a restart: its symbolic trace (jax.jit
 and symmem.jit both trace the step as written at the batch's shape), the plan read back,
-its dispatch.
+its dispatch. With --cold N, N such pairs with no cache at all (empty directories): a
+user's first run.
 
   python -m experiments.bench_plan_cache [--preset small] [--scan] [--narrow] [--warm 2]
-                                          [--first_call] [--restart] [--budget_mib 256]
+                                          [--first_call] [--restart] [--cold 0] [--budget_mib 256]
                                           [--out PATH]
 
 Prints a table and writes experiments/results/bench_plan_cache[_scan]_<preset>.json (or --out).
@@ -159,6 +160,9 @@ def main() -> None:
   parser.add_argument("--restart", action="store_true",
                       help="also time restarted jobs' first calls, jax.jit vs symmem.jit, both "
                            "caches filled (--warm pairs)")
+  parser.add_argument("--cold", type=int, default=0,
+                      help="also time this many fresh jobs' first calls each, jax.jit vs "
+                           "symmem.jit in turn, with no cache at all (a first run)")
   parser.add_argument("--budget_mib", type=int, default=256,
                       help="symmem.jit's budget for --first_call and --restart (0: none; each "
                            "shape then runs as written and symmem.jit plans nothing)")
@@ -180,6 +184,14 @@ def main() -> None:
       for k in range(args.warm):
         for w in (whos if k % 2 == 0 else whos[::-1]):
           restart[w].append(_restart(cache_dir, preset, args.scan, w, 2 + k, budget))
+    first_runs = None
+    if args.cold:   # each in empty cache directories of its own
+      whos = ("jax.jit", "symmem.jit")
+      first_runs = {w: [] for w in whos}
+      for k in range(args.cold):
+        for w in (whos if k % 2 == 0 else whos[::-1]):
+          with tempfile.TemporaryDirectory() as empty:
+            first_runs[w].append(_restart(empty, preset, args.scan, w, 10 + k, budget))
   assert cold["origin"] == "planned", cold["origin"]
   for w in warm:
     assert w["origin"] != "planned", "the warm process planned again"
@@ -195,12 +207,17 @@ def main() -> None:
     print(f"{label:<10}{r['seconds']:>12.2f}{r['trace_s']:>10.2f}{r['plan_s']:>12.2f}"
           f"{r['rounds_s']:>17.2f}{first(r)}")
   if restart is not None:
-    print(f"restarted job's first call (b=2, s=128; both caches filled): jax.jit "
+    print("restarted job's first call (b=2, s=128; both caches filled): jax.jit "
           + ", ".join(f"{t:.2f}" for t in restart["jax.jit"]) + " s; symmem.jit "
           + ", ".join(f"{t:.2f}" for t in restart["symmem.jit"]) + " s (filling: "
           + ", ".join(f"{w} {t:.2f}" for w, t in restart["filling"].items()) + " s)")
     gap = min(restart["symmem.jit"]) - min(restart["jax.jit"])
     print(f"symmem.jit adds {gap:.2f} s to a restart (best of each)")
+  if first_runs is not None:
+    print("a first run's first call (b=2, s=128; no cache): jax.jit "
+          + ", ".join(f"{t:.2f}" for t in first_runs["jax.jit"]) + " s; symmem.jit "
+          + ", ".join(f"{t:.2f}" for t in first_runs["symmem.jit"]) + " s; symmem.jit adds "
+          f"{min(first_runs['symmem.jit']) - min(first_runs['jax.jit']):.2f} s (best of each)")
   best, worst = min(w["seconds"] for w in warm), max(w["seconds"] for w in warm)
   worst_plan = max(w["plan_s"] for w in warm)
   print(f"speedup {cold['seconds'] / best:.1f}x (best warm process); warm <= 1 s: best "
@@ -217,6 +234,9 @@ def main() -> None:
                              "budget_bytes": budget or None} if args.first_call else None,
             # Fresh processes' first calls, jax.jit and symmem.jit, both caches filled.
             "restart_first_call_s": restart and {**restart, "budget_bytes": budget or None},
+            # Fresh processes' first calls with no cache at all (--cold).
+            "first_run_first_call_s": first_runs and {**first_runs,
+                                                      "budget_bytes": budget or None},
             "rounds": cold["rounds"] - 1,
             "loop_evictions": cold["loop_evictions"], "plan_file_bytes": stored,
             "dims": DIMS, "peaks": cold["peaks"], "platform": platform.platform(),
