@@ -523,8 +523,7 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
         except SymmemError:
           raise
         except Exception as e:   # the trace succeeded: a failure now is the planner's
-          raise PlanningError(f"planning {traced.fun_name} failed ({type(e).__name__}: {e}); "
-                              "please report it with the step") from e
+          raise _planner_error(traced.fun_name, e) from e
       else:
         sched, rounds, stats = _replay(traced, graph, decisions, origin)
       if annotated is not None:
@@ -538,6 +537,11 @@ def analyze_traced(traced: TracedProgram, memory_budget: int | None = None,
   if not lazy:
     planning.get()
   return Analysis(traced, graph, planning, memory_budget)
+
+
+def _planner_error(name: str, e: Exception) -> PlanningError:
+  return PlanningError(f"planning {name} failed ({type(e).__name__}: {e}); please report it "
+                       "with the step")
 
 
 def _replay(traced: TracedProgram, graph: ShapeGraph, decisions: plan_cache.Decisions,
@@ -664,7 +668,6 @@ def analyze_function(fun: Callable, *args, polymorphic_shapes, constraints=(),
     except SymmemError:
       raise
     except Exception as e:   # the trace succeeded: a failure now is the planner's
-      raise PlanningError(f"planning {name} failed ({type(e).__name__}: {e}); please "
-                          "report it with the step") from e
+      raise _planner_error(name, e) from e
     seconds["plan"] = time.perf_counter() - traced_at
     return dataclasses.replace(result, seconds=seconds)

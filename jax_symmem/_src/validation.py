@@ -79,9 +79,11 @@ def empty_batch_dims(traced, dyn_args) -> dict[str, int]:
   specs = jax.tree_util.tree_leaves(traced.in_specs)
   for x, spec in zip(jax.tree_util.tree_leaves(tuple(dyn_args)), specs):
     for d, n in zip(spec.shape, getattr(x, "shape", ())):
-      if jax_dims.is_symbolic(d) and len(names := jax_dims.to_poly(d).variables()) == 1 and (
-          jax_dims.to_poly(d) == Poly.var(next(iter(names)))):
-        dims.setdefault(next(iter(names)), n)
+      p = jax_dims.to_poly(d) if jax_dims.is_symbolic(d) else None
+      if p is not None and len(p.variables()) == 1:
+        (name,) = p.variables()
+        if p == Poly.var(name):
+          dims.setdefault(name, n)
   return dict(sorted(dims.items()))
 
 
