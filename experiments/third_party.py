@@ -71,13 +71,22 @@ recomputes every layer at every shape, as `jax.jit` compiles it and with the var
 options (median and fastest of `--passes` interleaved passes): where memory allows, the
 plan runs the step without that recomputation.
 
+With `--device_limit F` each model runs instead without a budget under a simulated device
+limit: what other live arrays hold plus F times jax.jit's footprint at the longest length
+(XLA's memory_analysis()), so that jax.jit would not fit there. The CPU reports no limit, so
+the one symmem.jit reads is replaced for the run (`jit._device_memory`); on a GPU that limit
+is the device's own (`experiments.device_limit`). Per length: the round that ran, whether the
+plan had been made by then (the step as written runs unplanned where XLA's figure fits), the
+compiles, XLA's figure against the limit, and the updated state against jax.jit with the
+variant's options. Writes experiments/results/third_party_device_limit.json by default.
+
   python -m experiments.third_party [--models t5,gpt2,bart,bert,albert,mistral,t5_dropout,t5_checkpointed,bert_checkpointed,
                                                gpt2_bf16,mistral_bf16,gpt_neo,opt,gptj,xglm,gemma,bloom,longt5,
                                                wav2vec2,roformer,pegasus,big_bird,whisper,clip,haiku,
                                                haiku_stack,haiku_stack_remat,keras_llama]
-      [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials]
+      [--fractions 0.1,0.3,0.6] [--passes 5] [--speed_trials] [--device_limit F]
 
-Writes experiments/results/third_party.json.
+Writes experiments/results/third_party.json (or --out).
 """
 
 from __future__ import annotations
@@ -86,6 +95,7 @@ import argparse
 import functools
 import time
 import types
+from unittest import mock
 
 import jax
 import jax.numpy as jnp
@@ -95,6 +105,9 @@ import optax
 from experiments import _common
 from experiments._common import MiB
 import jax_symmem as symmem
+from jax_symmem._src import device
+from jax_symmem._src import jit as jit_lib
+from jax_symmem._src import variants
 from jax_symmem.examples import llama
 from jax_symmem.examples import t5
 
@@ -769,6 +782,64 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
   return out
 
 
+def run_under_a_device_limit(name: str, fraction: float) -> dict:
+  """`name` without a budget under a simulated device limit (the module docstring)."""
+  m = MODELS[name]()
+  params = m["init"](jax.random.PRNGKey(0))
+  state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
+  step_fn = llama.adamw_train_step(m["loss_fn"])
+  rng = np.random.RandomState(0)
+  lengths = m.get("lengths", LENGTHS)
+  batches = {s: m["batch"](BATCH, s, rng) for s in lengths}
+  ref = jax.jit(step_fn)
+  footprints = {s: variants.footprint(ref.lower(state, *batches[s]).compile()) for s in lengths}
+  longest = (state, *batches[lengths[-1]])
+  others = device.live_bytes() - sum(device.array_bytes(a) for a in jax.tree_util.tree_leaves(longest))
+  limit = others + int(fraction * footprints[lengths[-1]])
+  out = {"model": name, "lengths": lengths, "fraction": fraction, "limit_mib": limit / MiB,
+         "rows": []}
+  print(f"{name}: simulated device limit {limit / MiB:.1f} MiB ({fraction} x jax.jit's "
+        f"{footprints[lengths[-1]] / MiB:.1f} MiB at the longest length)", flush=True)
+  with mock.patch.object(jit_lib, "_device_memory", return_value=(None, limit)):
+    step = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"])
+    for s in lengths:
+      args = (state, *batches[s])
+      before = step.cache_info()["compiles"]
+      try:
+        got = jax.block_until_ready(step(*args))
+      except symmem.BudgetError as e:
+        out["rows"].append({"dims": m["dims"](BATCH, s), "budget_error": str(e)})
+        print(f"{name} {out['rows'][-1]['dims']}: BudgetError: {e}", flush=True)
+        continue
+      call = step.last_call
+      (variant,) = [v for v in step.variants()
+                    if v["dims"] == call["dims"] and v["round"] == call["round"]]
+      want = ref.lower(*args).compile(compiler_options=variant["compiler_options"])(*args)
+      analysis = step.analyze(*args)
+      row = {"dims": call["dims"], "round": call["round"],
+             "planned": analysis.planning.done,
+             "as_written_round": analysis.as_written_round if analysis.planning.done else 0,
+             "jax_jit_fits": others + footprints[s] <= limit,
+             "compiles": step.cache_info()["compiles"] - before,
+             "xla_mib": call["xla_bytes"] / MiB, "reserved_mib": call["reserved"] / MiB,
+             "fits": call["xla_bytes"] + call["reserved"] <= limit,
+             "equal_to_jax_jit": _common.trees_close(got, want)}
+      if not row["equal_to_jax_jit"]:
+        row["largest_difference"] = _largest_difference(got, want)
+        row["deviation"] = _common.deviation(got, want)
+      del got, want
+      out["rows"].append(row)
+      print(f"{name} {row['dims']}: round {row['round']} "
+            f"({'planned' if row['planned'] else 'unplanned'}; jax.jit "
+            f"{'fits' if row['jax_jit_fits'] else 'over'}), {row['compiles']} compile(s), XLA "
+            f"{row['xla_mib']:.1f} + {row['reserved_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), "
+            f"equal to jax.jit: {row['equal_to_jax_jit']}"
+            + (f" (largest difference {row['largest_difference']:.1e}, "
+               f"{row['deviation']['elements_off']} of {row['deviation']['elements']} elements off)"
+               if not row["equal_to_jax_jit"] else ""), flush=True)
+  return out
+
+
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--models",   # keras_llama only when asked for (keras-hub: TensorFlow)
@@ -784,8 +855,16 @@ def main(argv=None) -> int:
   _common.add_bool_flag(parser, "huge_pages", True,
                         "on the CPU, time in a process whose malloc asks for transparent huge "
                         "pages (_common.restart_with_huge_pages)")
-  parser.add_argument("--out", default="experiments/results/third_party.json")
+  parser.add_argument("--device_limit", type=float, default=None,
+                      help="instead: no budget under a simulated device limit of what other "
+                           "arrays hold plus this fraction of jax.jit's footprint at the "
+                           "longest length")
+  parser.add_argument("--out", default=None, help="default: experiments/results/"
+                      "third_party.json (third_party_device_limit.json with --device_limit)")
   args = parser.parse_args(argv)
+  if args.out is None:
+    args.out = ("experiments/results/third_party.json" if args.device_limit is None
+                else "experiments/results/third_party_device_limit.json")
   if args.huge_pages and argv is None and jax.devices()[0].platform == "cpu":
     _common.restart_with_huge_pages()
   fractions = [float(f) for f in args.fractions.split(",")]
@@ -793,7 +872,9 @@ def main(argv=None) -> int:
              "speed_trials": args.speed_trials,
              "lengths": LENGTHS, "results": []}
   for name in args.models.split(","):
-    results["results"].append(run_model(name, fractions, args.passes, args.speed_trials))
+    results["results"].append(
+        run_model(name, fractions, args.passes, args.speed_trials) if args.device_limit is None
+        else run_under_a_device_limit(name, args.device_limit))
     _common.write_results(args.out, results)
   print(f"wrote {args.out}")
   return 0

@@ -203,18 +203,29 @@ _REFUSED_STEPS = {
 # is compiled before the refusal, then the three smallest again with XLA:CPU's other
 # scheduler (the MLP's 9 rounds; the transformer's 14, ~2 s each: slow tier). The search's
 # order and its cap before that: tests/test_variants.py.
-@pytest.mark.parametrize("name", ["mlp", pytest.param("transformer", marks=pytest.mark.slow)])
-def test_budget_below_what_xla_reaches_raises_after_asking_xla(name):
+# Without a memory_budget the device's own limit bounds the step the same way (the MLP's
+# `device_limit` case, the limit monkeypatched: the CPU has none), and the error says so.
+@pytest.mark.parametrize("name, device_limit", [
+    ("mlp", False), ("mlp", True), pytest.param("transformer", False, marks=pytest.mark.slow)])
+def test_budget_below_what_xla_reaches_raises_after_asking_xla(name, device_limit, monkeypatch):
   fun, shapes, constraints, example, args, dims = _REFUSED_STEPS[name]()
   probe = symmem.jit(fun, polymorphic_shapes=shapes, constraints=constraints)
   analysis = probe.analyze(*example)
   resident = variants_lib.resident_bytes(jax.jit(fun).lower(*args).compile())
   held_apart = device.live_bytes() - sum(device.array_bytes(a) for a in jax.tree.leaves(args))
+  limit = held_apart + resident + 4096
+  if device_limit:
+    monkeypatch.setattr(jit_lib, "_device_memory", lambda: (None, limit))
   step = symmem.jit(fun, polymorphic_shapes=shapes, constraints=constraints,
-                    memory_budget=held_apart + resident + 4096)
+                    memory_budget=None if device_limit else limit)
   with pytest.raises(symmem.BudgetError, match=r"XLA's memory_analysis\(\) reports") as e:
     step(*args)
   assert "alone take" not in str(e.value)
+  if device_limit:   # no budget was given: the error names the device's limit instead
+    assert "the device's" in str(e.value) and "limit" in str(e.value)
+    assert "budget" not in str(e.value) and "a device with more memory" in str(e.value)
+  else:
+    assert "budget" in str(e.value) and "the device's" not in str(e.value)
   info = step.cache_info()
   compiled = budgets.rounds_compiled(e.value)
   assert sorted(compiled) == list(range(len(analysis.rounds))) and len(compiled) >= 3

@@ -5,6 +5,7 @@ assumption (hypothesis) and on figures measured by experiments/bench_recompile.p
 """
 
 import collections.abc
+import dataclasses
 import types
 
 from hypothesis import given, settings, strategies as st
@@ -318,6 +319,14 @@ def test_a_budget_error_prints_mib_though_other_arrays_hold_a_few_bytes():
   assert variants.over_budget(300_000, 700_000, 400_000, 330_000) == (
       "300,000 bytes", "the 300,000 bytes that the 0.7 MiB budget leaves beside 0.4 MiB held by "
       "other live arrays", "330,000 bytes")
+  # No memory_budget given: the bound is the device's own limit, and the message says so.
+  assert variants.over_budget(138_637_612, 124_385_029, device_limit=True) == (
+      "132.2 MiB", "the device's 118.6 MiB limit")
+  assert variants.over_budget(300_000, 700_000, 400_000, device_limit=True)[1] == (
+      "the 300,000 bytes that the device's 0.7 MiB limit leaves beside 0.4 MiB held by other "
+      "live arrays")
+  assert variants.over_budget(700_000, 600_000, 739_864, device_limit=True)[1] == (
+      "the device's 0.6 MiB limit, which 0.7 MiB held by other live arrays already fill")
 
 
 # --- refinement when a shape comes back (variants.refine_round) -------------------------
@@ -412,3 +421,7 @@ def test_the_long_search_warning_prints_bytes_where_figures_read_the_same(caplog
   with caplog.at_level("WARNING"):
     variants._warn_long_search(step, {"s": 128}, far_apart, policy)
   assert "(round 2 9.0 MiB; 5.4 MiB available)" in caplog.text
+  with caplog.at_level("WARNING"):
+    variants._warn_long_search(step, {"s": 128}, far_apart,
+                               dataclasses.replace(policy, device_limit=True))
+  assert "none within the device's limit by XLA's memory_analysis()" in caplog.text

@@ -698,9 +698,10 @@ class SymmemFunction:
       if policy.fits(first.xla_bytes):
         entry.variants[(key[0], k)] = first
         return first
-      figure, room = variants_lib.over_budget(first.xla_bytes, budget, reserved)
+      figure, room = variants_lib.over_budget(first.xla_bytes, budget, reserved,
+                                              device_limit=True)
       logging.info("jax_symmem: %s at %s: XLA's memory_analysis() reports %s for the step as "
-                   "written, over %s (the device's limit); planning",
+                   "written, over %s; planning",
                    entry.analysis.traced.fun_name, dims, figure, room)
       known[k] = first
       if policy.options_for(entry.analysis, k)[1]:   # now that a prediction exists
@@ -873,7 +874,8 @@ class SymmemFunction:
         call.update(reserved=reserved, xla_bytes=xla_bytes)
         if xla_bytes + reserved > budget:
           self._counts["budget_errors"] += 1
-          figure, room = variants_lib.over_budget(xla_bytes, budget, reserved)
+          figure, room = variants_lib.over_budget(xla_bytes, budget, reserved,
+                                                  device_limit=self._budget_arg is None)
           raise BudgetError(f"{self.__name__}: a batch with an empty axis: XLA's "
                             f"memory_analysis() reports {figure} for the step as jax.jit "
                             f"compiles it, over {room}")
@@ -886,7 +888,8 @@ class SymmemFunction:
         budget=budget, reserved=reserved, platform=jax.devices()[0].platform,
         impose_schedule=self._impose_schedule,
         agree=lambda size: _agreed_footprint(size, flat),
-        other_scheduler=entry is not None and entry.other_scheduler)
+        other_scheduler=entry is not None and entry.other_scheduler,
+        device_limit=self._budget_arg is None)
 
   def _lower(self, args, flat, entry: _Entry) -> Callable:
     """`lower(fn, options)`: compiles `fn` on the flat arguments as jax.jit would (counted)."""

@@ -85,6 +85,12 @@ class CompilePolicy:
   agree: Callable[[int], int] = lambda footprint: footprint   # across processes (device.py)
   # Rounds compile with XLA:CPU's other scheduler (`_with_the_other_scheduler`).
   other_scheduler: bool = False
+  # `budget` is the device's own memory limit (no memory_budget was given): messages say so.
+  device_limit: bool = False
+
+  @property
+  def bound(self) -> str:
+    return "the device's limit" if self.device_limit else "the budget"
 
   @property
   def memory_options(self) -> Mapping[str, str]:
@@ -427,20 +433,24 @@ def _on_ladder(analysis, dims: Mapping[str, int], peaks: Sequence[int]
   return order, {r: p for p, r in enumerate(order)}, analysis_lib.InOrder(peaks, order)
 
 
-def over_budget(nbytes: int, budget: int, reserved: int = 0, *more: int) -> tuple[str, ...]:
+def over_budget(nbytes: int, budget: int, reserved: int = 0, *more: int,
+                device_limit: bool = False) -> tuple[str, ...]:
   """(`nbytes`, what it must fit in, *`more`) as a BudgetError prints them: 'the <budget>
   budget', or with `reserved` bytes held by other live arrays 'the <budget - reserved>
   that the <budget> budget leaves beside <reserved> held by other live arrays' (none left
-  where they hold more than the budget). The figures, the room they must fit in and
-  `more` share units (`sizes`); the budget and the reserved bytes read on their own (8
-  bytes reserved printed every figure in bytes)."""
+  where they hold more than the budget); "the device's <budget> limit" for 'the <budget>
+  budget' where no memory_budget was given (`device_limit`). The figures, the room they
+  must fit in and `more` share units (`sizes`); the budget and the reserved bytes read on
+  their own (8 bytes reserved printed every figure in bytes)."""
+  bound = (lambda size: f"the device's {size} limit") if device_limit else (
+      lambda size: f"the {size} budget")
   figure, room, *rest = sizes(nbytes, max(0, budget - reserved), *more)
   if not reserved:
-    return (figure, f"the {room} budget", *rest)
+    return (figure, bound(room), *rest)
   if reserved >= budget:
-    return (figure, f"the {sizes(budget)[0]} budget, which {sizes(reserved)[0]} held by other "
+    return (figure, f"{bound(sizes(budget)[0])}, which {sizes(reserved)[0]} held by other "
                     "live arrays already fill", *rest)
-  return (figure, f"the {room} that the {sizes(budget)[0]} budget leaves beside "
+  return (figure, f"the {room} that {bound(sizes(budget)[0])} leaves beside "
                   f"{sizes(reserved)[0]} held by other live arrays", *rest)
 
 
@@ -552,11 +562,11 @@ def _warn_long_search(analysis, dims, compiled: Sequence[Variant], policy: Compi
   # In bytes where two figures would read the same in MiB (rounds XLA lays out alike).
   *figures, room = sizes(*(v.xla_bytes for v in compiled), policy.budget - policy.reserved)
   logging.warning(
-      "jax_symmem: %s at %s: %d rounds compiled and none within the budget by XLA's "
+      "jax_symmem: %s at %s: %d rounds compiled and none within %s by XLA's "
       "memory_analysis() (%s; %s available): the other rounds (%d) are compiled "
       "too, one compile each until one fits, then the smallest again with XLA's other "
       "scheduler, before a BudgetError",
-      analysis.traced.fun_name, dict(dims), len(compiled),
+      analysis.traced.fun_name, dict(dims), len(compiled), policy.bound,
       ", ".join(f"round {v.round} {f}" for v, f in zip(compiled, figures)), room,
       len(analysis.rounds) - len(compiled))
 
@@ -673,7 +683,8 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
   if not fitting:
     best = min(compiled, key=lambda v: v.xla_bytes)
     alone = resident()
-    figure, room, alone_str = over_budget(best.xla_bytes, policy.budget, policy.reserved, alone)
+    figure, room, alone_str = over_budget(best.xla_bytes, policy.budget, policy.reserved, alone,
+                                          device_limit=policy.device_limit)
     if not policy.fits(alone):   # no round was left to try: none can fit
       room += f"; its arguments and outputs alone take {alone_str}, whatever it recomputes"
     raise BudgetError(
@@ -687,5 +698,6 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
         + (f"; again with the other XLA scheduler: "
            f"{', '.join(str(v.round) for v in compiled[own:])}" if compiled[own:] else "")
         + f"), above {room}"
-        + "; raise the budget or use shorter/smaller batches")
+        + ("; use shorter/smaller batches or a device with more memory" if policy.device_limit
+           else "; raise the budget or use shorter/smaller batches"))
   return min(fitting, key=lambda v: at[v.round]), compiled   # least recomputation
