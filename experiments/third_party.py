@@ -683,14 +683,20 @@ def _largest_difference(a, b) -> float:
              for x, y in zip(jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)))
 
 
-def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> dict:
+def _model_step(name: str):
+  """(the model's entry of MODELS made, its training state, its step with AdamW, its
+  lengths, a batch per length)."""
   m = MODELS[name]()
   params = m["init"](jax.random.PRNGKey(0))
   state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
   step_fn = llama.adamw_train_step(m["loss_fn"])   # the same AdamW
   rng = np.random.RandomState(0)
   lengths = m.get("lengths", LENGTHS)
-  batches = {s: m["batch"](BATCH, s, rng) for s in lengths}
+  return m, state, step_fn, lengths, {s: m["batch"](BATCH, s, rng) for s in lengths}
+
+
+def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> dict:
+  m, state, step_fn, lengths, batches = _model_step(name)
   ref = jax.jit(step_fn)
   out = {"model": name, "lengths": lengths, "plain": [], "budgets": []}
   plain = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"])
@@ -784,13 +790,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
 
 def run_under_a_device_limit(name: str, fraction: float) -> dict:
   """`name` without a budget under a simulated device limit (the module docstring)."""
-  m = MODELS[name]()
-  params = m["init"](jax.random.PRNGKey(0))
-  state = {"params": params, "opt_state": llama.make_optimizer().init(params)}
-  step_fn = llama.adamw_train_step(m["loss_fn"])
-  rng = np.random.RandomState(0)
-  lengths = m.get("lengths", LENGTHS)
-  batches = {s: m["batch"](BATCH, s, rng) for s in lengths}
+  m, state, step_fn, lengths, batches = _model_step(name)
   ref = jax.jit(step_fn)
   footprints = {s: variants.footprint(ref.lower(state, *batches[s]).compile()) for s in lengths}
   longest = (state, *batches[lengths[-1]])
