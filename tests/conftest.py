@@ -56,6 +56,19 @@ if "JAX_SYMMEM_TEST_SHARED_DIR" not in os.environ and not os.environ.get("PYTEST
   os.environ["JAX_SYMMEM_TEST_SHARED_DIR"] = _shared
 
 
+@pytest.fixture
+def own_arrays_only(monkeypatch):
+  """symmem.jit counts only the live bytes this test added against its budget: arrays that
+  earlier tests on this xdist worker left alive (garbage not yet collected, module-level
+  arrays) would eat budgets of a few KiB to 1 MiB, and the test would depend on what ran
+  before it (0.1 MiB of them refused every round of the contrastive step with pytest's
+  --dist loadfile)."""
+  from jax_symmem._src import device
+  from jax_symmem._src import jit as jit_lib
+  before = device.live_bytes()
+  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: max(0, device.live_bytes() - before))
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _clear_jax_caches_after_the_module():
   yield

@@ -376,6 +376,7 @@ def test_fractional_budget_without_a_device_limit():
     g(jnp.ones(3))
 
 
+@pytest.mark.usefixtures("own_arrays_only")   # a budget of a few KiB to 1 MiB
 def test_budget_as_a_size_string():
   x = jnp.ones((4, 8))
   for given, expected in (("200MiB", 200 * 2**20), ("1.5 GiB", 3 * 2**29), ("4096B", 4096)):

@@ -100,6 +100,7 @@ def test_every_round_computes_what_jax_jit_does_at_a_wide_or_a_long_shape():
           jax.tree_util.tree_structure(want), got), want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.usefixtures("own_arrays_only")   # a budget of a few hundred KiB
 def test_symmem_jit_runs_as_jax_jit_without_and_within_a_budget():
   params = _init()
   batches = [(params, *_batch(b, s, seed=s)) for b, s in ((32, 8), (4, 64), (2, 16))]

@@ -725,6 +725,7 @@ def _checked_loss(w, x):
   return loss
 
 
+@pytest.mark.usefixtures("own_arrays_only")   # a budget of a few KiB to 1 MiB
 @pytest.mark.parametrize("budget", [None, "1.2MiB"], ids=["as_written", "recomputing"])
 def test_a_checkified_step_raises_its_checks_as_under_jax_jit(budget):
   # checkify numbers its checks anew in each trace, in the error's pytree aux data: the
@@ -858,6 +859,7 @@ def test_impose_schedule_fences_the_order_and_keeps_the_numbers(monkeypatch):
   assert "opt-barrier" in variant.executable.as_text()
 
 
+@pytest.mark.usefixtures("own_arrays_only")   # a budget of a few KiB to 1 MiB
 def test_jit_options_that_leave_the_program_alone_are_planned_with(tmp_path):
   # keep_unused, inline and compiler_options: no fallback, each round compiled with them
   # (XLA dumps every module it compiles where the user's xla_dump_to says).

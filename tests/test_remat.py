@@ -687,6 +687,7 @@ def test_a_random_draw_costs_threefry_per_word():
   assert cost.evaluate({"b": 3}) == flops_lib.THREEFRY_OPS_PER_WORD * 3 * 8
 
 
+@pytest.mark.usefixtures("own_arrays_only")   # a budget of a few KiB to 1 MiB
 def test_a_dropout_step_under_a_budget_jax_jit_exceeds_runs_a_round_within_it():
   # End to end on a step that draws masks: under a budget jax.jit's program exceeds, a
   # round > 0 runs, XLA's figure within the budget, with jax.jit's numbers.
