@@ -695,6 +695,15 @@ def _model_step(name: str):
   return m, state, step_fn, lengths, {s: m["batch"](BATCH, s, rng) for s in lengths}
 
 
+def _with_the_calls_options(step, ref, args):
+  """`ref` (jax.jit of the step) compiled for `args` with the XLA options of the variant
+  `step` (its symmem.jit) ran last: what that call must compute."""
+  call = step.last_call
+  (variant,) = [v for v in step.variants()
+                if v["dims"] == call["dims"] and v["round"] == call["round"]]
+  return ref.lower(*args).compile(compiler_options=variant["compiler_options"])
+
+
 def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> dict:
   m, state, step_fn, lengths, batches = _model_step(name)
   ref = jax.jit(step_fn)
@@ -738,10 +747,7 @@ def run_model(name: str, fractions, passes: int, speed_trials: bool = False) -> 
               flush=True)
         continue
       call = step.last_call
-      (variant,) = [v for v in step.variants()
-                    if v["dims"] == call["dims"] and v["round"] == call["round"]]
-      options = variant["compiler_options"]
-      same_options = ref.lower(*args).compile(compiler_options=options)
+      same_options = _with_the_calls_options(step, ref, args)
       want = same_options(*args)
       row = {"dims": call["dims"], "round": call["round"], "xla_mib": call["xla_bytes"] / MiB,
              # round 0 compiled as jax.jit compiles it, XNNPACK's fusions and all; xla_mib
@@ -812,13 +818,11 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
         print(f"{name} {out['rows'][-1]['dims']}: BudgetError: {e}", flush=True)
         continue
       call = step.last_call
-      (variant,) = [v for v in step.variants()
-                    if v["dims"] == call["dims"] and v["round"] == call["round"]]
-      want = ref.lower(*args).compile(compiler_options=variant["compiler_options"])(*args)
+      want = _with_the_calls_options(step, ref, args)(*args)
       analysis = step.analyze(*args)
       row = {"dims": call["dims"], "round": call["round"],
-             "planned": analysis.planning.done,
-             "as_written_round": analysis.as_written_round if analysis.planning.done else 0,
+             "planned": analysis.planning.done,   # read before as_written_round (which may plan)
+             "as_written_round": analysis.as_written_round,
              "jax_jit_fits": others + footprints[s] <= limit,
              "compiles": step.cache_info()["compiles"] - before,
              "xla_mib": call["xla_bytes"] / MiB, "reserved_mib": call["reserved"] / MiB,

@@ -9,6 +9,7 @@ returns every variant it compiled and the one to dispatch, or raises BudgetError
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -90,7 +91,7 @@ class CompilePolicy:
 
   @property
   def bound(self) -> str:
-    return "the device's limit" if self.device_limit else "the budget"
+    return _bound(self.device_limit)
 
   @property
   def memory_options(self) -> Mapping[str, str]:
@@ -433,6 +434,13 @@ def _on_ladder(analysis, dims: Mapping[str, int], peaks: Sequence[int]
   return order, {r: p for p, r in enumerate(order)}, analysis_lib.InOrder(peaks, order)
 
 
+def _bound(device_limit: bool, size: str = "") -> str:
+  """'the budget', or "the device's limit" where no memory_budget was given; with a size
+  'the 1.0 MiB budget' / "the device's 1.0 MiB limit"."""
+  size = f"{size} " if size else ""
+  return f"the device's {size}limit" if device_limit else f"the {size}budget"
+
+
 def over_budget(nbytes: int, budget: int, reserved: int = 0, *more: int,
                 device_limit: bool = False) -> tuple[str, ...]:
   """(`nbytes`, what it must fit in, *`more`) as a BudgetError prints them: 'the <budget>
@@ -442,8 +450,7 @@ def over_budget(nbytes: int, budget: int, reserved: int = 0, *more: int,
   budget' where no memory_budget was given (`device_limit`). The figures, the room they
   must fit in and `more` share units (`sizes`); the budget and the reserved bytes read on
   their own (8 bytes reserved printed every figure in bytes)."""
-  bound = (lambda size: f"the device's {size} limit") if device_limit else (
-      lambda size: f"the {size} budget")
+  bound = functools.partial(_bound, device_limit)
   figure, room, *rest = sizes(nbytes, max(0, budget - reserved), *more)
   if not reserved:
     return (figure, bound(room), *rest)
