@@ -811,18 +811,23 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
     for s in lengths:
       args = (state, *batches[s])
       before = step.cache_info()["compiles"]
+      start = time.perf_counter()
       try:
         got = jax.block_until_ready(step(*args))
       except symmem.BudgetError as e:
-        out["rows"].append({"dims": m["dims"](BATCH, s), "budget_error": str(e)})
+        out["rows"].append({"dims": m["dims"](BATCH, s), "budget_error": str(e),
+                            "call_s": time.perf_counter() - start})
         print(f"{name} {out['rows'][-1]['dims']}: BudgetError: {e}", flush=True)
         continue
+      # The first call at this length: tracing and analysis at the first, compiles.
+      call_s = time.perf_counter() - start
       call = step.last_call
       want = _with_the_calls_options(step, ref, args)(*args)
       analysis = step.analyze(*args)
-      row = {"dims": call["dims"], "round": call["round"],
-             "planned": analysis.planning.done,   # read before as_written_round (which may plan)
-             "as_written_round": analysis.as_written_round,
+      # Nothing here reads the plan where none was made (`as_written_round` would make it).
+      row = {"dims": call["dims"], "round": call["round"], "call_s": call_s,
+             "planned": analysis.planning.done,
+             "as_written": analysis.is_as_written(call["round"]),
              "jax_jit_fits": others + footprints[s] <= limit,
              "compiles": step.cache_info()["compiles"] - before,
              "xla_mib": call["xla_bytes"] / MiB, "reserved_mib": call["reserved"] / MiB,
@@ -835,7 +840,8 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
       out["rows"].append(row)
       print(f"{name} {row['dims']}: round {row['round']} "
             f"({'planned' if row['planned'] else 'unplanned'}; jax.jit "
-            f"{'fits' if row['jax_jit_fits'] else 'over'}), {row['compiles']} compile(s), XLA "
+            f"{'fits' if row['jax_jit_fits'] else 'over'}), {row['compiles']} compile(s) in a "
+            f"{row['call_s']:.1f} s call, XLA "
             f"{row['xla_mib']:.1f} + {row['reserved_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), "
             f"equal to jax.jit: {row['equal_to_jax_jit']}"
             + (f" (largest difference {row['largest_difference']:.1e}, "

@@ -189,6 +189,27 @@ def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_on
     assert (0 in step.calibration()[0]) == planned
 
 
+def test_the_models_verdict_under_the_devices_limit_names_the_limit(monkeypatch):
+  # No memory_budget: the analysis' bound is the device's limit, and where the op-by-op
+  # model finds no round under it, its refusal names the limit, not a budget.
+  args = _mlp_args(512)
+  make = lambda **kw: symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"),
+                                 constraints=("b <= 512",), **kw)
+  probe = make(memory_budget=2**30).analyze(*args)
+  assert not probe.device_limit
+  limit = min(probe.round_peak(k, {"b": 512}) for k in range(len(probe.rounds))) // 2
+  monkeypatch.setattr(jit_lib, "_device_memory", lambda: (0, limit))
+  analysis = make().analyze(*args)
+  assert analysis.device_limit and analysis.memory_budget == limit
+  assert f"device limit {limit:,} B" in repr(analysis)
+  with pytest.raises(symmem.BudgetError, match=r"^the device's [0-9.]+ [KM]iB memory limit is below "
+                     r"the smallest achievable peak at \{'b': 512\}.*a device with more memory"):
+    analysis.peak_bytes(b=512)
+  assert analysis.peak_bytes(b=8) <= limit
+  with pytest.raises(symmem.BudgetError, match=r"^memory budget .*raise the budget"):
+    make(memory_budget=limit).analyze(*args).peak_bytes(b=512)
+
+
 # name -> (step, polymorphic shapes, constraints, example args, refused args, their dims)
 _REFUSED_STEPS = {
     "mlp": lambda: (_mlp_step, (None, "b, _"), ("b <= 512",), _mlp_args(8), _mlp_args(512),

@@ -34,6 +34,7 @@ from jax_symmem._src import sharding as sharding_lib
 from jax_symmem._src import xla_buffers
 from jax_symmem._src.budget import sizes
 from jax_symmem._src.errors import BudgetError, PlanningError, SymmemError
+from jax_symmem._src.ir import Program
 from jax_symmem._src.shape_graph import ShapeGraph
 from jax_symmem._src.tracing import TracedProgram, integer_dims
 
@@ -93,7 +94,7 @@ class Planning:
   wrote it, which reads none of them, so it defers them (`analyze_function(lazy=True)`):
   a job that never needs a round never pays for planning one (seconds at 1B parameters).
   `annotated`: whether the rounds end with the step as written (its jax.checkpoint
-  regions), which `Analysis.as_written_round` needs to know without planning."""
+  regions), which `Analysis.is_as_written` needs to know without planning."""
 
   def __init__(self, make: Callable[[], tuple], annotated: bool):
     self._make, self.annotated = make, annotated
@@ -120,6 +121,8 @@ class Analysis:
   planning: Planning
   memory_budget: int | None
   origin: str = "planned"   # or the plan cache file whose decisions were replayed
+  # `memory_budget` is the device's memory limit (symmem.jit given no memory_budget).
+  device_limit: bool = False
   # Wall seconds of `analyze_function`: "trace" (JAX tracing the step, which jax.jit
   # pays as well) and "plan" (all after it: planning, or replaying a cached plan; a
   # lazy `Planning` adds its time when it runs).
@@ -143,21 +146,24 @@ class Analysis:
     return self.planning.get()[2]
 
   def __repr__(self) -> str:   # `print(analysis.plan)` shows the plan itself
-    budget = "no budget" if self.memory_budget is None else f"budget {self.memory_budget:,} B"
+    budget = ("no budget" if self.memory_budget is None else
+              f"{'device limit' if self.device_limit else 'budget'} {self.memory_budget:,} B")
     return (f"Analysis({self.traced.fun_name}: dims {', '.join(self.traced.dims) or 'none'}, "
             f"{len(self.traced.program.nodes)} nodes, {len(self.rounds) - 1} rounds of "
             f"eviction, {budget}, {self.origin})")
 
   # -- run-time decision --
   def choose_round(self, dims: Mapping[str, int], budget: int | None,
-                   reserved: int = 0, scale: Mapping[int, float] | None = None) -> int:
+                   reserved: int = 0, scale: Mapping[int, float] | None = None, *,
+                   device_limit: bool = False) -> int:
     """The first round on the `ladder` whose predicted peak (plus `reserved` bytes held by
     others) fits.
 
     The prediction is the modeled peak, times `scale[k]` where the caller has
     calibrated round k against what XLA reported for compiled variants.
     Raises BudgetError, naming the smallest achievable peak, when none fits by the
-    model (`symmem.jit` instead asks XLA before refusing: `best_round`).
+    model (`symmem.jit` instead asks XLA before refusing: `best_round`); `device_limit`:
+    the budget is the device's memory limit, and the error says so.
     """
     dims, budget = integer_dims(dims), budget_lib.bytes_only(budget)
     k, fits = self.best_round(dims, budget, reserved, scale)
@@ -165,13 +171,17 @@ class Analysis:
       return k
     best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
     budget_str, best_str, *reserved_str = sizes(budget, best, *((reserved,) if reserved else ()))
+    bound, advice = ((f"the device's {budget_str} memory limit",
+                      "use shorter/smaller batches or a device with more memory")
+                     if device_limit else (f"memory budget {budget_str}",
+                                           "raise the budget or use shorter/smaller batches"))
     raise BudgetError(
-        f"memory budget {budget_str} is below the smallest achievable peak at "
+        f"{bound} is below the smallest achievable peak at "
         f"{dict(dims)}: {best_str} " + ("predicted" if scale else "modeled")
         + (f" plus {reserved_str[0]} held by other live arrays" if reserved else "")
-        + "; raise the budget or use shorter/smaller batches (this is the op-by-op model's "
-        "verdict: symmem.jit refuses only after XLA's memory_analysis() says no variant "
-        "fits, and XLA, which fuses ops, can need less)")
+        + f"; {advice} (this is the op-by-op model's verdict: symmem.jit refuses only after "
+        "XLA's memory_analysis() says no variant fits, and XLA, which fuses ops, can need "
+        "less)")
 
   def best_round(self, dims: Mapping[str, int], budget: int | None, reserved: int = 0,
                  scale: Mapping[int, float] | None = None,
@@ -228,6 +238,18 @@ class Analysis:
     last = remat.last_planned(self.rounds)
     return min(range(last + 1), key=lambda k: (self.dispatch_figure(k, dims), k))
 
+  def is_as_written(self, k: int) -> bool:
+    """Whether round k is the step as the user wrote it (`as_written_round`), answered
+    without planning where it is round 0 (with jax.checkpoint regions round 0 is the
+    step without them, and their round follows the planner's)."""
+    if not self.planning.annotated:
+      return k == 0
+    return k > 0 and k == self.as_written_round
+
+  def round_program(self, k: int) -> Program:
+    """Round k's program; round 0's is the traced program, read without planning."""
+    return self.rounds[k].program if k else self.graph.traced.program
+
   @property
   def as_written_round(self) -> int:
     """The round that is the step exactly as the user wrote it: an annotated step's round
@@ -261,7 +283,7 @@ class Analysis:
       self.check_round(k)
       self.check_dims(dims)
       r = self.rounds[k]
-      pinned = frozenset() if k == self.as_written_round else fence.pinned_draws(
+      pinned = frozenset() if self.is_as_written(k) else fence.pinned_draws(
           r.graph, r.program, self.graph.constraints.complete(dims), fence.MIN_BYTES)
       # XLA schedules each round itself, within the fences, taking the least memory of
       # its schedulers'. Round 0 has no fences, and one of them follows the dataflow (the
@@ -289,10 +311,8 @@ class Analysis:
     if key not in self._round_scratch:   # a walk over every node: asked per round and shape
       self.check_round(k)
       self.check_dims(dims)
-      # Round 0 is the traced program: read without planning the rounds (`Planning`).
-      program = self.rounds[k].program if k else self.graph.traced.program
       self._round_scratch[key] = xla_buffers.convolution_scratch(
-          self.graph.constraints.complete(dict(dims)), program)
+          self.graph.constraints.complete(dict(dims)), self.round_program(k))
     return self._round_scratch[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
@@ -409,7 +429,8 @@ class Analysis:
     (`best_round(dims, budget, predicted=True)`) and then XLA's own, so it can run an
     earlier round (`step.last_call["round"]`) whose modeled peak is above the budget."""
     dims = integer_dims(dims)
-    return self.round_peak(self.choose_round(dims, self.memory_budget), dims)
+    return self.round_peak(self.choose_round(dims, self.memory_budget,
+                                             device_limit=self.device_limit), dims)
 
   def baseline_peak_bytes(self, **dims: int) -> int:
     """Modeled peak in trace order without rematerialization."""

@@ -647,6 +647,8 @@ class SymmemFunction:
             # Without a budget each shape runs as written, and under the device's limit
             # first tries to (`_as_written_first`): no round read, none planned yet.
             lazy=self._budget_arg is None)
+        if self._budget_arg is None and budget is not None:   # the model's verdicts say so
+          entry.analysis = dataclasses.replace(entry.analysis, device_limit=True)
       except (BudgetError, ShapeError, ValueError, TypeError):
         raise   # the caller's mistake: say so rather than fall back
       except Exception as e:  # an op the pipeline cannot handle: never a wrong result
@@ -673,7 +675,10 @@ class SymmemFunction:
     the device's own limit (no `memory_budget` given), while nothing has needed the plan.
     Only where jax.jit's program does not fit there, which would fail under jax.jit,
     is the step planned, at the cost of that one compile; a job whose steps fit never
-    plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway."""
+    plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway:
+    compiling its round 0 (the step without them) first cost more than it saved where a
+    length was over the limit (experiments/RESULTS.md, "Round 0 first for checkpointed
+    steps")."""
     return (self._budget_arg is None and budget is not None and not analysis.planning.done
             and not analysis.planning.annotated)
 

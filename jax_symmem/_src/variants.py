@@ -144,7 +144,7 @@ def fenced_recomputation(analysis, k: int) -> bool:
 
 def draws_in(analysis, k: int) -> bool:
   """Whether round k's program makes random draws at its top level (which it pins)."""
-  return any(n.name == "random_bits" for n in analysis.rounds[k].program.nodes)
+  return any(n.name == "random_bits" for n in analysis.round_program(k).nodes)
 
 
 def rewrites_a_scan_body(analysis, k: int) -> bool:
@@ -159,7 +159,7 @@ def round_options(analysis, k: int, platform: str = "cpu") -> dict:
     return dict(GPU_COMPILER_OPTIONS)
   if k == 0:
     options = dict(FAST_PATH_CPU_OPTIONS)
-    if k != analysis.as_written_round and draws_in(analysis, k):   # pinned draws' fences
+    if not analysis.is_as_written(k) and draws_in(analysis, k):   # pinned draws' fences
       options.update(fence.FENCE_COMPILER_OPTIONS)
     return options
   options = dict(CPU_COMPILER_OPTIONS)
@@ -192,7 +192,7 @@ def round_function(analysis, k: int, dims: Mapping[str, int]) -> Callable:
   jax.jit traces at these shapes: exactly jax.jit's program. The symbolic trace
   specialized to the dims is equivalent but can differ in form (a slice along a
   symbolic dim traces as a gather), and that moved the last bits of AdamW's updates."""
-  if k == analysis.as_written_round:
+  if analysis.is_as_written(k):
     return _flat_function(analysis.traced)
   return _specialized_function(analysis, k, dims)
 
