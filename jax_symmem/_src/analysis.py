@@ -15,7 +15,7 @@ import functools
 import os
 import threading
 import time
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 from absl import logging
 
@@ -131,6 +131,7 @@ class Analysis:
   _round_peaks: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _round_scratch: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
+  _unplanned_footprints: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
   _ladders: dict = dataclasses.field(default_factory=dict, repr=False, compare=False)
 
   @property
@@ -314,6 +315,23 @@ class Analysis:
       self._round_scratch[key] = xla_buffers.convolution_scratch(
           self.graph.constraints.complete(dict(dims)), self.round_program(k))
     return self._round_scratch[key]
+
+  def unplanned_footprint(self, dims: Mapping[str, int], donated: Iterable[int] = ()) -> int:
+    """Round 0's XLA footprint at dims predicted without planning (`round_footprint` reads
+    the schedule): the model's live ranges in the trace's order, which XLA does not follow
+    anyway (DESIGN.md F4), plus the scratch XLA leaves out. `donated`: the flat argument
+    positions whose buffers outputs may reuse. What `symmem.jit` under a device's limit
+    reads before compiling the step as written (XLA's figure was 0.98-1.14 x it on four
+    third-party steps at three lengths: experiments/RESULTS.md, "The step as written,
+    predicted before planning")."""
+    dims = integer_dims(dims)
+    key = (tuple(sorted(dims.items())), tuple(sorted(donated)))
+    if key not in self._unplanned_footprints:
+      self.check_dims(dims)
+      program = self.graph.traced.program
+      self._unplanned_footprints[key] = self.round_scratch(0, dims) + xla_buffers.footprint_at(
+          self.graph, dims, program, range(len(program.nodes)), donated=key[1])
+    return self._unplanned_footprints[key]
 
   def dispatch_figure(self, k: int, dims: Mapping[str, int]) -> int:
     """What `symmem.jit` compares with a budget before compiling: `round_footprint`, or

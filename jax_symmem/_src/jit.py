@@ -383,7 +383,8 @@ class SymmemFunction:
           self._counts["budget_errors"] += 1
           raise BudgetError(entry.refused[key])
         k = entry.decisions.get(key)
-        unplanned = k is None and self._as_written_first(analysis, budget)
+        unplanned = (k is None and self._as_written_first(analysis, budget)
+                     and not self._predicted_over(analysis, dims, args, budget, reserved))
         if unplanned:
           k = 0   # the step as written, the first round of every ladder
         elif k is None:
@@ -674,13 +675,26 @@ class SymmemFunction:
     """Whether a new shape compiles the step as written before reading the plan: under
     the device's own limit (no `memory_budget` given), while nothing has needed the plan.
     Only where jax.jit's program does not fit there, which would fail under jax.jit,
-    is the step planned, at the cost of that one compile; a job whose steps fit never
-    plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway:
+    is the step planned: at once where predicted over (`_predicted_over`), else at the
+    cost of that one compile; a job whose steps fit never plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway:
     compiling its round 0 (the step without them) first cost more than it saved where a
     length was over the limit (experiments/RESULTS.md, "Round 0 first for checkpointed
     steps")."""
     return (self._budget_arg is None and budget is not None and not analysis.planning.done
             and not analysis.planning.annotated)
+
+  def _predicted_over(self, analysis, dims, args, budget: int, reserved: int) -> bool:
+    """Whether the step as written is predicted over the device's limit at dims without
+    planning (`Analysis.unplanned_footprint`): then the step is planned at once and the
+    compile of a round 0 that would not fit is saved. Where the prediction fits, XLA's
+    figure decides after compiling (`_compile`'s `unplanned`)."""
+    predicted = analysis.unplanned_footprint(dims, self._donated_leaves(args))
+    if predicted + reserved <= budget:
+      return False
+    figure, room = variants_lib.over_budget(predicted, budget, reserved, device_limit=True)
+    logging.info("jax_symmem: %s at %s: the step as written is predicted at %s, over %s; "
+                 "planning", analysis.traced.fun_name, dims, figure, room)
+    return True
 
   def _compile(self, entry: _Entry, key, dims, k, args, flat, budget, reserved,
                fusions: bool = True, unplanned: bool = False):
