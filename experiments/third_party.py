@@ -828,6 +828,9 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
       row = {"dims": call["dims"], "round": call["round"], "call_s": call_s,
              "planned": analysis.planning.done,
              "as_written": analysis.is_as_written(call["round"]),
+             # what symmem.jit predicted for the step as written before any plan (the
+             # step's state is not donated here), against XLA's figure where round 0 ran
+             "predicted_as_written_mib": analysis.unplanned_footprint(call["dims"]) / MiB,
              "jax_jit_fits": others + footprints[s] <= limit,
              "compiles": step.cache_info()["compiles"] - before,
              "xla_mib": call["xla_bytes"] / MiB, "reserved_mib": call["reserved"] / MiB,
@@ -842,7 +845,8 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
             f"({'planned' if row['planned'] else 'unplanned'}; jax.jit "
             f"{'fits' if row['jax_jit_fits'] else 'over'}), {row['compiles']} compile(s) in a "
             f"{row['call_s']:.1f} s call, XLA "
-            f"{row['xla_mib']:.1f} + {row['reserved_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}), "
+            f"{row['xla_mib']:.1f} + {row['reserved_mib']:.1f} MiB ({'fits' if row['fits'] else 'OVER'}; "
+            f"as written predicted {row['predicted_as_written_mib']:.1f} before planning), "
             f"equal to jax.jit: {row['equal_to_jax_jit']}"
             + (f" (largest difference {row['largest_difference']:.1e}, "
                f"{row['deviation']['elements_off']} of {row['deviation']['elements']} elements off)"
