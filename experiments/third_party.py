@@ -828,8 +828,9 @@ def run_under_a_device_limit(name: str, fraction: float) -> dict:
       row = {"dims": call["dims"], "round": call["round"], "call_s": call_s,
              "planned": analysis.planning.done,
              "as_written": analysis.is_as_written(call["round"]),
-             # what symmem.jit predicted for the step as written before any plan (the
-             # step's state is not donated here), against XLA's figure where round 0 ran
+             # what symmem.jit predicts for round 0 before any plan (the step as written;
+             # a checkpointed step's without its regions, which it plans at once anyway;
+             # nothing donated here), against XLA's figure where round 0 ran
              "predicted_as_written_mib": analysis.unplanned_footprint(call["dims"]) / MiB,
              "jax_jit_fits": others + footprints[s] <= limit,
              "compiles": step.cache_info()["compiles"] - before,
