@@ -676,10 +676,10 @@ class SymmemFunction:
     the device's own limit (no `memory_budget` given), while nothing has needed the plan.
     Only where jax.jit's program does not fit there, which would fail under jax.jit,
     is the step planned: at once where predicted over (`_predicted_over`), else at the
-    cost of that one compile; a job whose steps fit never plans (`analysis.Planning`). A step with jax.checkpoint regions is planned anyway:
-    compiling its round 0 (the step without them) first cost more than it saved where a
-    length was over the limit (experiments/RESULTS.md, "Round 0 first for checkpointed
-    steps")."""
+    cost of that one compile; a job whose steps fit never plans (`analysis.Planning`).
+    A step with jax.checkpoint regions is planned anyway: compiling its round 0 (the
+    step without them) first cost more than it saved where a length was over the limit
+    (experiments/RESULTS.md, "Round 0 first for checkpointed steps")."""
     return (self._budget_arg is None and budget is not None and not analysis.planning.done
             and not analysis.planning.annotated)
 
