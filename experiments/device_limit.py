@@ -2,7 +2,8 @@
 
 There a new shape first compiles the step as written (exactly jax.jit's program) and runs
 it where XLA's memory_analysis() fits the device's limit, without planning; only where it
-does not (where jax.jit runs out of memory) is the step planned and a round that fits run.
+does not (where jax.jit runs out of memory) is the step planned and a round that fits run
+(planned before that compile where the step as written is predicted over the limit).
 This checks both sides on the small Llama preset (b=4; lengths ascending) with the device
 limited to --limit_mib (XLA_PYTHON_CLIENT_MEM_FRACTION, set for a child process from the
 device's total): per length, whether jax.jit ran or ran out of memory, the round
