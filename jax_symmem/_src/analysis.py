@@ -172,10 +172,9 @@ class Analysis:
       return k
     best = int(self.round_peak(k, dims) * (scale or {}).get(k, 1.0))
     budget_str, best_str, *reserved_str = sizes(budget, best, *((reserved,) if reserved else ()))
-    bound, advice = ((f"the device's {budget_str} memory limit",
-                      "use shorter/smaller batches or a device with more memory")
-                     if device_limit else (f"memory budget {budget_str}",
-                                           "raise the budget or use shorter/smaller batches"))
+    bound = (f"the device's {budget_str} memory limit" if device_limit
+             else f"memory budget {budget_str}")
+    advice = budget_lib.refusal_advice(device_limit)
     raise BudgetError(
         f"{bound} is below the smallest achievable peak at "
         f"{dict(dims)}: {best_str} " + ("predicted" if scale else "modeled")

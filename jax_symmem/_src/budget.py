@@ -63,3 +63,10 @@ def sizes(*nbytes: int) -> tuple[str, ...]:
   if len(set(mib)) < len(mib):
     return tuple(f"{n:,} bytes" for n in nbytes)
   return tuple(f"{n:,} bytes" if n < 2**20 / 20 else m for n, m in zip(nbytes, mib))
+
+
+def refusal_advice(device_limit: bool) -> str:
+  """What a BudgetError advises: under the device's own limit (no memory_budget was
+  given) there is no budget to raise."""
+  return ("use shorter/smaller batches or a device with more memory" if device_limit
+          else "raise the budget or use shorter/smaller batches")

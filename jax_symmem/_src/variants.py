@@ -23,7 +23,7 @@ from jax_symmem._src import interpret
 from jax_symmem._src import remat
 from jax_symmem._src import tracing
 from jax_symmem._src import xnnpack
-from jax_symmem._src.budget import sizes
+from jax_symmem._src.budget import refusal_advice, sizes
 from jax_symmem._src.errors import BudgetError
 
 # XLA:CPU options for variants compiled under a memory budget: keep our fences
@@ -704,7 +704,5 @@ def compile_fitting(analysis, dims: Mapping[str, int], k: int, policy: CompilePo
         + f"; rounds compiled: {', '.join(str(v.round) for v in compiled[:own])}"
         + (f"; again with the other XLA scheduler: "
            f"{', '.join(str(v.round) for v in compiled[own:])}" if compiled[own:] else "")
-        + f"), above {room}"
-        + ("; use shorter/smaller batches or a device with more memory" if policy.device_limit
-           else "; raise the budget or use shorter/smaller batches"))
+        + f"), above {room}; {refusal_advice(policy.device_limit)}")
   return min(fitting, key=lambda v: at[v.round]), compiled   # least recomputation
