@@ -197,6 +197,35 @@ def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_on
     assert 0 in step.calibration()[0]
 
 
+def test_under_the_devices_limit_the_prediction_before_planning_learns_from_xla(monkeypatch):
+  # The prediction made without a plan is scaled by XLA's figure over it at the largest
+  # shape whose step as written compiled: a model that understates (here: patched to) no
+  # longer costs a compile of a round 0 over the limit at a larger shape.
+  small, large = _mlp_args(64), _mlp_args(512)
+  make = lambda: symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
+  analysis = make().analyze(*large)
+  limit = budgets.tight_budget(analysis, {"b": 512}, large)
+  true = analysis_lib.Analysis.unplanned_footprint
+  understated = (limit - 1) / true(analysis, {"b": 512})   # the raw prediction fits
+  monkeypatch.setattr(analysis_lib.Analysis, "unplanned_footprint",
+                      lambda self, dims, donated=(): int(true(self, dims, donated) * understated))
+  monkeypatch.setattr(jit_lib, "_live_bytes", lambda: _array_bytes(large))
+  real, compiled = variants_lib.compile_round, []
+  def compile_round(analysis, dims, k, *rest):
+    compiled.append((dims["b"], k))
+    return real(analysis, dims, k, *rest)
+  monkeypatch.setattr(variants_lib, "compile_round", compile_round)
+  monkeypatch.setattr(jit_lib, "_device_memory", lambda: (0, limit))
+  step = make()
+  _assert_tree_close(step(*small), jax.jit(_mlp_step)(*small))
+  assert compiled == [(64, 0)] and not step.analyze(*small).planning.done
+  ratio = step.last_call["xla_bytes"] / int(true(analysis, {"b": 64}) * understated)
+  assert (limit - 1) * ratio > limit   # calibrated, the prediction at b=512 is over
+  _assert_tree_close(step(*large), jax.jit(_mlp_step)(*large))
+  assert step.analyze(*large).planning.done and step.last_call["round"] > 0
+  assert (512, 0) not in compiled and step.last_call["xla_bytes"] <= limit
+
+
 def test_the_models_verdict_under_the_devices_limit_names_the_limit(monkeypatch):
   # No memory_budget: the analysis' bound is the device's limit, and where the op-by-op
   # model finds no round under it, its refusal names the limit, not a budget.
