@@ -200,7 +200,8 @@ def test_under_the_devices_limit_the_step_as_written_compiles_first_and_plans_on
 def test_under_the_devices_limit_the_prediction_before_planning_learns_from_xla(monkeypatch):
   # The prediction made without a plan is scaled by XLA's figure over it at the largest
   # shape whose step as written compiled: a model that understates (here: patched to) no
-  # longer costs a compile of a round 0 over the limit at a larger shape.
+  # longer costs a compile of a round 0 over the limit at a larger shape, neither before
+  # planning nor in the plan's search, whose own figure for round 0 understates too.
   small, large = _mlp_args(64), _mlp_args(512)
   make = lambda: symmem.jit(_mlp_step, polymorphic_shapes=(None, "b, _"), constraints=("b <= 512",))
   analysis = make().analyze(*large)
@@ -209,6 +210,10 @@ def test_under_the_devices_limit_the_prediction_before_planning_learns_from_xla(
   understated = (limit - 1) / true(analysis, {"b": 512})   # the raw prediction fits
   monkeypatch.setattr(analysis_lib.Analysis, "unplanned_footprint",
                       lambda self, dims, donated=(): int(true(self, dims, donated) * understated))
+  planned = analysis_lib.Analysis.dispatch_figure
+  monkeypatch.setattr(analysis_lib.Analysis, "dispatch_figure", lambda self, k, dims: int(
+      planned(self, k, dims) * (understated if k == 0 else 1)))
+  assert analysis.dispatch_figure(0, {"b": 512}) < limit   # round 0 is the plan's first
   monkeypatch.setattr(jit_lib, "_live_bytes", lambda: _array_bytes(large))
   real, compiled = variants_lib.compile_round, []
   def compile_round(analysis, dims, k, *rest):

@@ -387,13 +387,17 @@ class SymmemFunction:
           self._counts["budget_errors"] += 1
           raise BudgetError(entry.refused[key])
         k = entry.decisions.get(key)
-        unplanned = (k is None and self._as_written_first(analysis, budget)
-                     and not self._predicted_over(entry, dims, args, budget, reserved))
+        first = k is None and self._as_written_first(analysis, budget)
+        over = first and self._predicted_over(entry, dims, args, budget, reserved)
+        unplanned = first and not over
         if unplanned:
           k = 0   # the step as written, the first round of every ladder
         elif k is None:
-          k, _ = analysis.best_round(dims, budget, reserved, entry.calibration.ratios,
-                                     predicted=True)
+          scale = entry.calibration.ratios
+          if over:   # round 0 is the step as written: predicted at least as that prediction
+            scale = {**scale, 0: max(scale.get(0, 1.0),
+                                     over / max(1, analysis.dispatch_figure(0, dims)))}
+          k, _ = analysis.best_round(dims, budget, reserved, scale, predicted=True)
         variant = entry.variants.get((dims_key, k))
         fusions = True
         if variant is not None and budget is not None:
@@ -687,12 +691,17 @@ class SymmemFunction:
     return (self._budget_arg is None and budget is not None and not analysis.planning.done
             and not analysis.planning.annotated)
 
-  def _predicted_over(self, entry: _Entry, dims, args, budget: int, reserved: int) -> bool:
-    """Whether the step as written is predicted over the device's limit at dims without
-    planning (`Analysis.unplanned_footprint`, times XLA's figure over that prediction at
-    the largest shape compiled so, `_Entry.unplanned_ratio`): then the step is planned at
-    once and the compile of a round 0 that would not fit is saved. Where the prediction
-    fits, XLA's figure decides after compiling (`_compile`'s `unplanned`).
+  def _predicted_over(self, entry: _Entry, dims, args, budget: int, reserved: int
+                      ) -> int | bool:
+    """The step as written's footprint at dims where it is predicted over the device's
+    limit without planning (`Analysis.unplanned_footprint`, times XLA's figure over that
+    prediction at the largest shape compiled so, `_Entry.unplanned_ratio`), else False.
+    Over, the step is planned at once, the compile of a round 0 that would not fit is
+    saved, and the plan's search takes round 0's figure to be at least this prediction
+    (on transformers' BART at s=512 the plan's own, in its schedule's order, read 150.4
+    MiB, this one 156.4, XLA 154.5: the search compiled round 0 twice in vain, with and
+    without XNNPACK's fusions). Where it fits, XLA's figure decides after compiling
+    (`_compile`'s `unplanned`).
 
     Unlike a planned round's ratio (`variants.transferable`), this one is taken from
     smaller shapes, the only ones there are: where it overstates (buffers of fixed size
@@ -709,7 +718,7 @@ class SymmemFunction:
     figure, room = variants_lib.over_budget(predicted, budget, reserved, device_limit=True)
     logging.info("jax_symmem: %s at %s: the step as written is predicted at %s, over %s; "
                  "planning", analysis.traced.fun_name, dims, figure, room)
-    return True
+    return max(1, predicted)
 
   def _record_unplanned(self, entry: _Entry, dims, args, xla_bytes: int) -> None:
     """Keeps XLA's figure for the step as written over its prediction at dims where dims
