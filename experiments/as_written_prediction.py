@@ -12,6 +12,7 @@ predict the larger from the smaller: the raw prediction, scaled by the smaller's
 shifted by the smaller's difference.
 
   python -m experiments.as_written_prediction [--models gpt2,bart,...] [--lengths 64,...]
+  python -m experiments.as_written_prediction --workloads llama_scan,llama_accum --out PATH
 
 Writes experiments/results/as_written_prediction.json (or --out).
 """
@@ -45,16 +46,34 @@ RULES = {"raw": lambda p, before, xla: p,
          "shifted": lambda p, before, xla: p + xla - before}
 
 
-def run_model(name: str, lengths) -> dict:
+def _third_party(name: str, lengths):
+  """(step, its polymorphic shapes and constraints, state, {length: batch}, length -> dims)."""
   third_party.LENGTHS = tuple(lengths)   # a model with lengths of its own keeps them
   m, state, step_fn, lengths, batches = third_party._model_step(name)
-  step = symmem.jit(step_fn, polymorphic_shapes=m["shapes"], constraints=m["constraints"])
+  return (step_fn, m["shapes"], m["constraints"], state, batches,
+          lambda s: m["dims"](third_party.BATCH, s))
+
+
+def _workload(name: str, lengths):
+  """The same for one of experiments.bench_models' steps, at its own three lengths."""
+  from experiments import bench_models
+  if not bench_models.flags.FLAGS.is_parsed():
+    bench_models.flags.FLAGS(["as_written_prediction"])   # its absl flags at their defaults
+  w = bench_models.WORKLOADS[name](bench_models.Geometry())
+  return (w.step(None), w.shapes, w.constraints, w.state(),
+          {s: w.batch(s) for s in w.lengths}, w.dims)
+
+
+def run_model(name: str, make) -> dict:
+  step_fn, shapes, constraints, state, batches, dims_of = make()
+  step = symmem.jit(step_fn, polymorphic_shapes=shapes, constraints=constraints)
+  lengths = list(batches)
   analysis = step.analyze(state, *batches[lengths[0]])
   if analysis.planning.annotated:
     return {"model": name, "skipped": "jax.checkpoint regions: planned at once"}
   rows = []
   for s in lengths:
-    dims = m["dims"](third_party.BATCH, s)
+    dims = dims_of(s)
     predicted = analysis.unplanned_footprint(dims)
     flat = jax.tree_util.tree_leaves((state, *batches[s]))
     exe = jax.jit(variants.round_function(analysis, 0, dims)).lower(*flat).compile(
@@ -90,21 +109,30 @@ def summary(errs) -> dict:
 
 def main(argv=None) -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--models", default=MODELS)
-  parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+  parser.add_argument("--models", default=MODELS, help="experiments.third_party's models")
+  parser.add_argument("--lengths", default=",".join(map(str, LENGTHS)),
+                      help="the third-party models' lengths")
+  parser.add_argument("--workloads", default="", help="experiments.bench_models' steps "
+                      "instead (each at its own three lengths), e.g. llama_scan,llama_accum")
   parser.add_argument("--out", default=str(ROOT / "experiments/results/as_written_prediction.json"))
   args = parser.parse_args(argv)
   lengths = [int(s) for s in args.lengths.split(",")]
-  results = _common.run_workloads(args.models, lambda name: run_model(name, lengths),
-                                  args.out, batch=third_party.BATCH, lengths=lengths)
+  if args.workloads:
+    results = _common.run_workloads(
+        args.workloads, lambda name: run_model(name, lambda: _workload(name, lengths)),
+        args.out)
+  else:
+    results = _common.run_workloads(
+        args.models, lambda name: run_model(name, lambda: _third_party(name, lengths)),
+        args.out, batch=third_party.BATCH, lengths=lengths)
   table = {rule: summary(e) for rule, e in errors(results).items() if e}
   for rule, row in table.items():
     print(f"{rule:8s} {row['pairs']} pairs: mean {row['mean_pct']:+.2f} %, rms "
           f"{row['rms_pct']:.2f} %, median |error| {row['median_abs_pct']:.2f} %, max "
           f"{row['max_abs_pct']:.2f} %, within 1 %: {row['within_1pct']}, within 2 %: "
           f"{row['within_2pct']}")
-  _common.write_results(args.out, {"batch": third_party.BATCH, "lengths": lengths,
-                                   "results": results, "errors": table})
+  _common.write_results(args.out, {**({} if args.workloads else {
+      "batch": third_party.BATCH, "lengths": lengths}), "results": results, "errors": table})
   return 0
 
 
