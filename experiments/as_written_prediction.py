@@ -1,11 +1,12 @@
-"""How well the step as written is predicted before planning, on models nobody here wrote.
+"""How well the step as written is predicted before planning, on third-party and our own steps.
 
 Under a device's limit with no memory_budget, `symmem.jit` compiles a new shape's step as
 written first, unless `Analysis.unplanned_footprint` (the model's live ranges in the trace's
 order, no plan) predicts it over the limit; from the second shape on that prediction is
 scaled by XLA's figure over it at the largest shape compiled so far
 (`jit._Entry.unplanned_ratio`). This measures, per third-party step (experiments/third_party.py's
-models without jax.checkpoint regions, b=4) and length, the prediction and XLA's figure for
+models without jax.checkpoint regions, b=4; or with --workloads experiments.bench_models'
+steps) and length, the prediction and XLA's figure for
 the step as written compiled as that path compiles it, and, over every pair of a length and
 the one before it (as a job whose shapes grow meets them), the error of three ways to
 predict the larger from the smaller: the raw prediction, scaled by the smaller's ratio, and
@@ -39,8 +40,8 @@ from jax_symmem._src import variants  # noqa: E402
 MODELS = ("gpt2,bart,haiku_stack,mistral,t5,gpt_neo,opt,bloom,pegasus,roformer,gemma,bert,"
           "albert,xglm,gptj,longt5")
 LENGTHS = (64, 128, 256, 384, 512)
-# Each way predicts a length's figure from the length before: (its prediction, that
-# length's prediction, XLA's figure there).
+# Each way predicts a length's figure from the length before: (its prediction, the
+# prediction at the length before, XLA's figure there).
 RULES = {"raw": lambda p, before, xla: p,
          "scaled": lambda p, before, xla: p * xla / before,
          "shifted": lambda p, before, xla: p + xla - before}
@@ -54,7 +55,7 @@ def _third_party(name: str, lengths):
           lambda s: m["dims"](third_party.BATCH, s))
 
 
-def _workload(name: str, lengths):
+def _workload(name: str):
   """The same for one of experiments.bench_models' steps, at its own three lengths."""
   from experiments import bench_models
   if not bench_models.flags.FLAGS.is_parsed():
@@ -119,7 +120,7 @@ def main(argv=None) -> int:
   lengths = [int(s) for s in args.lengths.split(",")]
   if args.workloads:
     results = _common.run_workloads(
-        args.workloads, lambda name: run_model(name, lambda: _workload(name, lengths)),
+        args.workloads, lambda name: run_model(name, lambda: _workload(name)),
         args.out)
   else:
     results = _common.run_workloads(
