@@ -699,7 +699,7 @@ class SymmemFunction:
     Over, the step is planned at once, the compile of a round 0 that would not fit is
     saved, and the plan's search takes round 0's figure to be at least this prediction
     (on transformers' BART at s=512 the plan's own, in its schedule's order, read 150.4
-    MiB, this one 156.4, XLA 154.5: the search compiled round 0 twice in vain, with and
+    MiB, this one 152.7, XLA 154.5: the search compiled round 0 twice in vain, with and
     without XNNPACK's fusions). Where it fits, XLA's figure decides after compiling
     (`_compile`'s `unplanned`).
 
