@@ -388,13 +388,13 @@ class SymmemFunction:
           raise BudgetError(entry.refused[key])
         k = entry.decisions.get(key)
         first = k is None and self._as_written_first(analysis, budget)
-        over = first and self._predicted_over(entry, dims, args, budget, reserved)
-        unplanned = first and not over
+        over = self._predicted_over(entry, dims, args, budget, reserved) if first else None
+        unplanned = first and over is None
         if unplanned:
           k = 0   # the step as written, the first round of every ladder
         elif k is None:
           scale = entry.calibration.ratios
-          if over:   # round 0 is the step as written: predicted at least as that prediction
+          if over is not None:   # round 0 is the step as written: predicted at least so
             scale = {**scale, 0: max(scale.get(0, 1.0),
                                      over / max(1, analysis.dispatch_figure(0, dims)))}
           k, _ = analysis.best_round(dims, budget, reserved, scale, predicted=True)
@@ -692,10 +692,10 @@ class SymmemFunction:
             and not analysis.planning.annotated)
 
   def _predicted_over(self, entry: _Entry, dims, args, budget: int, reserved: int
-                      ) -> int | bool:
+                      ) -> int | None:
     """The step as written's footprint at dims where it is predicted over the device's
     limit without planning (`Analysis.unplanned_footprint`, plus XLA's figure less that
-    prediction at the largest shape compiled so, `_Entry.unplanned_offset`), else False.
+    prediction at the largest shape compiled so, `_Entry.unplanned_offset`), else None.
     Over, the step is planned at once, the compile of a round 0 that would not fit is
     saved, and the plan's search takes round 0's figure to be at least this prediction
     (on transformers' BART at s=512 the plan's own, in its schedule's order, read 150.4
@@ -717,11 +717,11 @@ class SymmemFunction:
     if entry.unplanned_offset is not None:
       predicted = max(0, predicted + entry.unplanned_offset[1])
     if predicted + reserved <= budget:
-      return False
+      return None
     figure, room = variants_lib.over_budget(predicted, budget, reserved, device_limit=True)
     logging.info("jax_symmem: %s at %s: the step as written is predicted at %s, over %s; "
                  "planning", analysis.traced.fun_name, dims, figure, room)
-    return max(1, predicted)
+    return predicted
 
   def _record_unplanned(self, entry: _Entry, dims, args, xla_bytes: int) -> None:
     """Keeps XLA's figure for the step as written less its prediction at dims where dims
