@@ -29,9 +29,9 @@ import sys
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))   # also run as `python experiments/as_written_prediction.py`
 
-import jax  # noqa: E402
 
 from experiments import _common  # noqa: E402
+from experiments import bench_models  # noqa: E402
 from experiments import third_party  # noqa: E402
 from experiments._common import MiB  # noqa: E402
 import jax_symmem as symmem  # noqa: E402
@@ -57,7 +57,6 @@ def _third_party(name: str, lengths):
 
 def _workload(name: str):
   """The same for one of experiments.bench_models' steps, at its own three lengths."""
-  from experiments import bench_models
   if not bench_models.flags.FLAGS.is_parsed():
     bench_models.flags.FLAGS(["as_written_prediction"])   # its absl flags at their defaults
   w = bench_models.WORKLOADS[name](bench_models.Geometry())
@@ -76,9 +75,9 @@ def run_model(name: str, make) -> dict:
   for s in lengths:
     dims = dims_of(s)
     predicted = analysis.unplanned_footprint(dims)
-    flat = jax.tree_util.tree_leaves((state, *batches[s]))
-    exe = jax.jit(variants.round_function(analysis, 0, dims)).lower(*flat).compile(
-        compiler_options=dict(variants.FAST_PATH_CPU_OPTIONS))   # as the unplanned path does
+    # Round 0, the step as written, with the options the unplanned path compiles it with
+    # (on CPU: XNNPACK for single dots only, so that XLA's figure sees every buffer).
+    exe, _ = bench_models._compile_round(analysis, 0, dims, (state, *batches[s]))
     xla = variants.footprint(exe) + analysis.round_scratch(0, dims)
     rows.append({"dims": dims, "predicted_mib": predicted / MiB, "xla_mib": xla / MiB,
                  "ratio": xla / predicted})
